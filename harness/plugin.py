@@ -1,0 +1,216 @@
+"""pytest plugin: one record per test case, written by one process, crash- and kill-safe.
+
+Tests ask for the ``record`` fixture and fill it in::
+
+    def test_x(record):
+        record.backend = "triton"
+        record.add(states_checked=2**24, bit_errors=0)
+
+Metrics travel with the test report (``user_properties``), so under pytest-xdist
+the controller writes every record, and a worker that dies still leaves a
+``crashed`` record for the test it was running. Options: ``--results-dir DIR``
+(default ``$KVH_RESULTS_DIR`` or ``reports/runs/<UTC time>``) and ``--leg NAME``.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import os
+import re
+from pathlib import Path
+
+import pytest
+
+from .records import MANIFEST_FILE, RECORDS_FILE, Record, RecordWriter, utc_now, write_json_atomic
+
+PROPERTY = "kvh_record"
+_TIMEOUT_PATTERN = re.compile(r"Timeout\s*(\(|>|\+)")
+
+
+class CaseRecord:
+    """What a test reports about itself; serialized into the test report."""
+
+    def __init__(self, payload: dict) -> None:
+        self._payload = payload
+
+    def add(self, **metrics) -> None:
+        self._payload["metrics"].update(metrics)
+
+    @property
+    def metrics(self) -> dict:
+        return self._payload["metrics"]
+
+    def __getattr__(self, name):
+        if name in ("backend", "variant", "device"):
+            return self._payload.get(name)
+        raise AttributeError(name)
+
+    def __setattr__(self, name, value) -> None:
+        if name in ("backend", "variant", "device"):
+            self._payload[name] = None if value is None else str(value)
+        else:
+            super().__setattr__(name, value)
+
+
+def pytest_addoption(parser) -> None:
+    group = parser.getgroup("kvh", "result records")
+    group.addoption("--results-dir", default=None, help="directory for records.jsonl and manifest.json")
+    group.addoption("--leg", default=None, help="version-leg name stored in every record")
+
+
+@pytest.fixture
+def record(request) -> CaseRecord:
+    payload = {"backend": None, "variant": None, "device": None, "metrics": {}}
+    request.node.user_properties.append((PROPERTY, payload))
+    return CaseRecord(payload)
+
+
+def _is_worker(config) -> bool:
+    return hasattr(config, "workerinput")
+
+
+def _suite_of(nodeid: str) -> tuple[str, str]:
+    path = nodeid.split("::", 1)[0]
+    parts = Path(path).parts
+    group = parts[0] if len(parts) > 1 else ""
+    stem = Path(path).stem
+    return group, stem[5:] if stem.startswith("test_") else stem
+
+
+def _text(report) -> str | None:
+    if not report.longrepr:
+        return None
+    text = report.longreprtext if hasattr(report, "longreprtext") else str(report.longrepr)
+    return text[-4000:]
+
+
+class RecordingPlugin:
+    def __init__(self, config) -> None:
+        self.config = config
+        leg = config.getoption("leg") or os.environ.get("KVH_LEG")
+        from .env import capture
+
+        self.env = capture(leg)
+        self.leg = self.env["leg"]
+        default = os.environ.get("KVH_RESULTS_DIR") or Path("reports") / "runs" / _dt.datetime.now(
+            _dt.timezone.utc
+        ).strftime("%Y%m%dT%H%M%SZ")
+        self.run_dir = Path(config.getoption("results_dir") or default)
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        self.run_id = f"{self.leg}@{self.run_dir.name}"
+        self.writer = RecordWriter(self.run_dir / RECORDS_FILE)
+        self.pending: dict[str, dict] = {}
+        self.counts: dict[str, int] = {}
+        self.manifest = {
+            "run_id": self.run_id,
+            "leg": self.leg,
+            "mode": self.env["mode"],
+            "env": self.env,
+            "started": utc_now(),
+            "finished": None,
+            "complete": False,
+            "args": list(config.invocation_params.args),
+            "counts": {},
+        }
+        write_json_atomic(self.run_dir / MANIFEST_FILE, self.manifest)
+
+    # -- collecting phases into one record ---------------------------------------
+    def pytest_runtest_logreport(self, report) -> None:
+        if report.when == "???":  # pytest-xdist: the worker died while running this test
+            self._finish(report, "crashed", _text(report), extra_duration=0.0)
+            return
+        state = self.pending.setdefault(report.nodeid, {"duration": 0.0, "outcome": None, "message": None})
+        state["duration"] += report.duration
+        for name, value in report.user_properties:
+            if name == PROPERTY:
+                state["payload"] = value
+        worker = getattr(report, "node", None)
+        if worker is not None and hasattr(worker, "gateway"):
+            state["worker"] = worker.gateway.id
+        outcome = self._phase_outcome(report)
+        if outcome and state["outcome"] in (None, "passed"):
+            state["outcome"] = outcome
+            if outcome != "passed":
+                state["message"] = _text(report)
+        if report.when == "teardown":
+            self._finish(report, state["outcome"] or "passed", state["message"])
+
+    @staticmethod
+    def _phase_outcome(report) -> str | None:
+        if report.skipped:
+            return "skipped" if report.when != "teardown" else None
+        if report.failed:
+            text = _text(report) or ""
+            if _TIMEOUT_PATTERN.search(text):
+                return "timeout"
+            return "failed" if report.when == "call" else "error"
+        return "passed" if report.when == "call" else None
+
+    def _finish(self, report, outcome: str, message: str | None, extra_duration: float | None = None) -> None:
+        state = self.pending.pop(report.nodeid, {"duration": 0.0})
+        payload = state.get("payload") or {}
+        for name, value in getattr(report, "user_properties", ()):
+            if name == PROPERTY:
+                payload = value
+        group, suite = _suite_of(report.nodeid)
+        case = report.nodeid.split("::", 1)[1] if "::" in report.nodeid else report.nodeid
+        record = Record(
+            suite=suite,
+            group=group,
+            case=case,
+            nodeid=report.nodeid,
+            outcome=outcome,
+            duration_s=round(state["duration"] + (extra_duration or 0.0), 6),
+            backend=payload.get("backend"),
+            variant=payload.get("variant"),
+            device=payload.get("device"),
+            metrics=payload.get("metrics") or {},
+            message=message,
+            worker=state.get("worker") or _worker_id_of(report),
+            run_id=self.run_id,
+            leg=self.leg,
+        )
+        self.writer.write(record)
+        self.counts[outcome] = self.counts.get(outcome, 0) + 1
+        self.manifest["counts"] = dict(self.counts)
+
+    # -- end of run ------------------------------------------------------------------
+    def pytest_sessionfinish(self, session, exitstatus) -> None:
+        for nodeid, state in list(self.pending.items()):  # interrupted between phases
+            self.pending.pop(nodeid)
+            self.writer.write(
+                Record(
+                    suite=_suite_of(nodeid)[1],
+                    group=_suite_of(nodeid)[0],
+                    case=nodeid.split("::", 1)[-1],
+                    nodeid=nodeid,
+                    outcome=state.get("outcome") if state.get("outcome") not in (None, "passed") else "crashed",
+                    duration_s=state["duration"],
+                    message=state.get("message") or "run ended before this test finished",
+                    run_id=self.run_id,
+                    leg=self.leg,
+                )
+            )
+        self.writer.close()
+        self.manifest["finished"] = utc_now()
+        self.manifest["complete"] = exitstatus in (0, 1) and not session.shouldstop
+        self.manifest["exitstatus"] = int(exitstatus)
+        write_json_atomic(self.run_dir / MANIFEST_FILE, self.manifest)
+
+    def pytest_terminal_summary(self, terminalreporter) -> None:
+        counts = ", ".join(f"{n} {k}" for k, n in sorted(self.counts.items())) or "no cases"
+        terminalreporter.write_sep("-", "kv harness records")
+        terminalreporter.write_line(f"leg {self.leg} ({self.env['mode']}): {counts}")
+        terminalreporter.write_line(f"records: {self.run_dir / RECORDS_FILE}")
+
+
+def _worker_id_of(report) -> str | None:
+    node = getattr(report, "node", None)
+    gateway = getattr(node, "gateway", None)
+    return getattr(gateway, "id", None)
+
+
+def pytest_configure(config) -> None:
+    if _is_worker(config):
+        return
+    config.pluginmanager.register(RecordingPlugin(config), "kvh-recording")

@@ -1,0 +1,59 @@
+"""Timing on the GPU: medians from ``triton.testing.do_bench`` and the copy-bandwidth ceiling.
+
+Bandwidth is always computed from the fewest bytes an operation must move (each
+input read once, each output written once); the ceiling is a device-to-device
+copy measured in the same process, counting bytes read plus bytes written.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from functools import lru_cache
+
+import torch
+
+COPY_BYTES = 2 * 2**30  # source size for the ceiling: far larger than any L2
+
+
+def median_ms(fn: Callable[[], object], *, warmup_ms: float = 25, rep_ms: float = 100) -> float:
+    """Median time of ``fn`` in ms: CUDA events on a GPU, wall clock on CPU."""
+    if torch.cuda.is_available():
+        import triton.testing
+
+        return float(triton.testing.do_bench(fn, warmup=warmup_ms, rep=rep_ms, return_mode="median"))
+    import statistics
+    import time
+
+    fn()
+    times = []
+    deadline = time.perf_counter() + rep_ms / 1e3
+    while len(times) < 3 or (time.perf_counter() < deadline and len(times) < 1000):
+        start = time.perf_counter()
+        fn()
+        times.append((time.perf_counter() - start) * 1e3)
+    return statistics.median(times)
+
+
+@lru_cache(maxsize=None)
+def copy_bandwidth_gbps(device_index: int = 0, nbytes: int = COPY_BYTES) -> float:
+    """Device-to-device copy bandwidth in GB/s (read + write bytes), measured once per process."""
+    if not torch.cuda.is_available():
+        raise RuntimeError("copy bandwidth needs a CUDA device")
+    with torch.cuda.device(device_index):
+        src = torch.empty(nbytes // 4, dtype=torch.int32, device="cuda").random_()
+        dst = torch.empty_like(src)
+        ms = median_ms(lambda: dst.copy_(src), warmup_ms=50, rep_ms=300)
+        del src, dst
+        torch.cuda.empty_cache()
+    return 2 * nbytes / (ms * 1e-3) / 1e9
+
+
+def bandwidth_metrics(nbytes: int, ms: float, device_index: int = 0) -> dict:
+    """``gbps`` and ``pct_of_peak`` for an operation that must move ``nbytes`` in ``ms``."""
+    gbps = nbytes / (ms * 1e-3) / 1e9
+    metrics = {"ms": ms, "bytes": nbytes, "gbps": gbps}
+    if torch.cuda.is_available():
+        peak = copy_bandwidth_gbps(device_index)
+        metrics["copy_gbps"] = peak
+        metrics["pct_of_peak"] = 100.0 * gbps / peak
+    return metrics

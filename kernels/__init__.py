@@ -1,0 +1,40 @@
+"""Low-bit KV-cache kernels: b-bit packing, affine and INT8 quantization, fused decoding.
+
+Public API (DESIGN section 4)::
+
+    kernels.pack_bits(values, bits=3, *, layout="byte", backend=None)
+    kernels.unpack_bits(packed, bits=3, *, layout="byte", backend=None)
+    kernels.quantize_kv(k, v, bits=3, *, group_size=64, ...) -> QuantizedKV
+    kernels.dequantize_kv(qkv) -> (k_hat, v_hat)
+    kernels.decode_attention(q, qkv, *, seq_lens=None, sm_scale=None, backend=None)
+    kernels.int8.quantize_per_channel(x, *, variant="vectorized") -> (q, scales)
+    kernels.int8.dequantize_per_channel(q, scales, *, variant="vectorized")
+
+Submodules load on first use, so ``import kernels`` stays cheap.
+"""
+
+from __future__ import annotations
+
+import importlib
+
+from . import _runtime  # noqa: F401  (interpreter mode decided before any kernel is defined)
+
+_EXPORTS = {
+    "pack_bits": "packing",
+    "unpack_bits": "packing",
+    "quantize_kv": "affine",
+    "dequantize_kv": "affine",
+    "QuantizedKV": "kv_cache",
+    "decode_attention": "decode",
+}
+_SUBMODULES = ("packing", "affine", "kv_cache", "decode", "int8")
+
+__all__ = [*_EXPORTS, *_SUBMODULES]
+
+
+def __getattr__(name: str):
+    if name in _EXPORTS:
+        return getattr(importlib.import_module(f".{_EXPORTS[name]}", __name__), name)
+    if name in _SUBMODULES:
+        return importlib.import_module(f".{name}", __name__)
+    raise AttributeError(f"module 'kernels' has no attribute {name!r}")

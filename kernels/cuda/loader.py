@@ -1,0 +1,108 @@
+"""The one loader for every CUDA / C++ source in ``kernels/cuda/``, through ``load_inline``.
+
+``load_extension("pack3", functions=[...], declarations=...)`` reads
+``kernels/cuda/pack3.cu``, names the extension after a hash of the source, the
+flags and the torch version (so an edited source never reuses a stale build),
+and builds it in a directory of its own per pytest-xdist worker (and per
+``CUDA_VISIBLE_DEVICES`` choice), so parallel workers never race on one build.
+Built modules are cached per process.
+
+Environment: ``KVH_EXT_DIR`` moves the build root (default
+``~/.cache/kvbits/torch_extensions``); ``KVH_CUDA_ARCH`` overrides the target
+architecture list (default: the current device's, e.g. ``9.0``).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import threading
+from pathlib import Path
+
+import torch
+
+SOURCE_DIR = Path(__file__).resolve().parent
+_lock = threading.Lock()
+_cache: dict[str, object] = {}
+
+
+def source_path(stem: str) -> Path:
+    for suffix in (".cu", ".cpp"):
+        path = SOURCE_DIR / f"{stem}{suffix}"
+        if path.exists():
+            return path
+    raise FileNotFoundError(f"no source kernels/cuda/{stem}.cu or .cpp")
+
+
+def extension_name(stem: str, source: str, flags: list[str]) -> str:
+    digest = hashlib.sha256()
+    for part in (source, "\0".join(flags), torch.__version__, str(torch.version.cuda)):
+        digest.update(part.encode())
+    return f"kvh_{stem}_{digest.hexdigest()[:16]}"
+
+
+def build_dir_for(name: str) -> Path:
+    root = Path(os.environ.get("KVH_EXT_DIR", Path.home() / ".cache" / "kvbits" / "torch_extensions"))
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "main")
+    devices = os.environ.get("CUDA_VISIBLE_DEVICES", "all").replace(",", "_") or "none"
+    path = root / name / f"{worker}-dev{devices}"
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def load_extension(
+    stem: str,
+    *,
+    functions: list[str],
+    declarations: str,
+    cuda: bool | None = None,
+    extra_cflags: list[str] | None = None,
+    extra_cuda_cflags: list[str] | None = None,
+    extra_ldflags: list[str] | None = None,
+    verbose: bool = False,
+):
+    """Build (or reuse) the extension for ``kernels/cuda/<stem>.cu|.cpp``.
+
+    ``declarations`` are the C++ prototypes of ``functions`` (what pybind binds);
+    the source defines them. ``.cu`` sources need a CUDA build of torch and a GPU.
+    """
+    path = source_path(stem)
+    source = path.read_text()
+    is_cuda = path.suffix == ".cu" if cuda is None else cuda
+    if is_cuda and not torch.cuda.is_available():
+        raise RuntimeError(f"kernels/cuda/{path.name} needs a CUDA device and a CUDA build of torch")
+    cflags = ["-O3", *(extra_cflags or [])]
+    cuda_flags = ["-O3", "--use_fast_math", "-lineinfo", *(extra_cuda_cflags or [])] if is_cuda else []
+    name = extension_name(stem, declarations + source, cflags + cuda_flags + (extra_ldflags or []))
+    with _lock:
+        if name in _cache:
+            return _cache[name]
+        from torch.utils.cpp_extension import load_inline
+
+        if is_cuda and "TORCH_CUDA_ARCH_LIST" not in os.environ:
+            arch = os.environ.get("KVH_CUDA_ARCH")
+            if not arch:
+                major, minor = torch.cuda.get_device_capability()
+                arch = f"{major}.{minor}"
+            os.environ["TORCH_CUDA_ARCH_LIST"] = arch
+        module = load_inline(
+            name=name,
+            cpp_sources=[declarations],
+            cuda_sources=[source] if is_cuda else None,
+            functions=functions,
+            extra_cflags=cflags,
+            extra_cuda_cflags=cuda_flags or None,
+            extra_ldflags=extra_ldflags,
+            build_directory=str(build_dir_for(name)),
+            verbose=verbose,
+        ) if is_cuda else load_inline(
+            name=name,
+            cpp_sources=[declarations + "\n" + source],
+            functions=functions,
+            extra_cflags=cflags,
+            extra_ldflags=extra_ldflags,
+            build_directory=str(build_dir_for(name)),
+            verbose=verbose,
+        )
+        _cache[name] = module
+        return module
