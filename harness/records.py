@@ -160,6 +160,7 @@ def write_json_atomic(path: str | os.PathLike, data) -> None:
             json.dump(_jsonable(data), fh, indent=2, sort_keys=True)
             fh.flush()
             os.fsync(fh.fileno())
+        os.chmod(tmp, 0o644)
         os.replace(tmp, path)
     except BaseException:
         if os.path.exists(tmp):

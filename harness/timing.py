@@ -8,7 +8,7 @@ copy measured in the same process, counting bytes read plus bytes written.
 from __future__ import annotations
 
 from collections.abc import Callable
-from functools import lru_cache
+from functools import cache
 
 import torch
 
@@ -34,18 +34,21 @@ def median_ms(fn: Callable[[], object], *, warmup_ms: float = 25, rep_ms: float 
     return statistics.median(times)
 
 
-@lru_cache(maxsize=None)
+@cache
 def copy_bandwidth_gbps(device_index: int = 0, nbytes: int = COPY_BYTES) -> float:
     """Device-to-device copy bandwidth in GB/s (read + write bytes), measured once per process."""
     if not torch.cuda.is_available():
         raise RuntimeError("copy bandwidth needs a CUDA device")
     with torch.cuda.device(device_index):
-        src = torch.empty(nbytes // 4, dtype=torch.int32, device="cuda").random_()
-        dst = torch.empty_like(src)
-        ms = median_ms(lambda: dst.copy_(src), warmup_ms=50, rep_ms=300)
-        del src, dst
+        ms = _copy_ms(nbytes)
         torch.cuda.empty_cache()
     return 2 * nbytes / (ms * 1e-3) / 1e9
+
+
+def _copy_ms(nbytes: int) -> float:
+    src = torch.empty(nbytes // 4, dtype=torch.int32, device="cuda").random_()
+    dst = torch.empty_like(src)
+    return median_ms(lambda: dst.copy_(src), warmup_ms=50, rep_ms=300)
 
 
 def bandwidth_metrics(nbytes: int, ms: float, device_index: int = 0) -> dict:

@@ -29,17 +29,23 @@ class AotSpec:
     num_stages: int = 3
 
 
-def collect_specs(modules=KERNEL_MODULES) -> list[AotSpec]:
+def collect_specs(modules=KERNEL_MODULES) -> tuple[list[AotSpec], list[str]]:
+    """Every module's specs, and a message per module that failed to import."""
     specs: list[AotSpec] = []
+    problems: list[str] = []
     for module_name in modules:
         try:
             module = importlib.import_module(module_name)
         except ModuleNotFoundError as exc:
             if exc.name == module_name:
                 continue
-            raise
+            problems.append(f"{module_name}: {type(exc).__name__}: {exc}")
+            continue
+        except Exception as exc:  # noqa: BLE001 - a broken module must not hide the others
+            problems.append(f"{module_name}: {type(exc).__name__}: {exc}")
+            continue
         specs.extend(getattr(module, "AOT_SPECS", ()))
-    return specs
+    return specs, problems
 
 
 def compile_spec(spec: AotSpec, arch: int):
@@ -61,6 +67,7 @@ def compile_spec(spec: AotSpec, arch: int):
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--arch", type=int, nargs="+", default=[80, 90, 100])
+    parser.add_argument("--module", nargs="+", default=list(KERNEL_MODULES), help="kernel modules to compile")
     args = parser.parse_args(argv)
     if os.environ.get("TRITON_INTERPRET", "0") not in ("", "0"):
         print("TRITON_INTERPRET must be 0 (or unset) to compile ahead of time", file=sys.stderr)
@@ -68,8 +75,10 @@ def main(argv=None) -> int:
     os.environ["TRITON_INTERPRET"] = "0"
     import triton
 
-    specs = collect_specs()
-    failures = 0
+    specs, problems = collect_specs(args.module)
+    failures = len(problems)
+    for problem in problems:
+        print(f"  import FAIL {problem}")
     print(f"triton {triton.__version__}: {len(specs)} kernel specializations x archs {args.arch}")
     for spec in specs:
         for arch in args.arch:

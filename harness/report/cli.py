@@ -1,0 +1,102 @@
+"""``python -m harness report`` and ``python -m harness summarize``."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from .baseline import (
+    DEFAULT_ERROR_FACTOR,
+    DEFAULT_THRESHOLD_PCT,
+    compare,
+    read_baseline,
+    write_baseline,
+)
+from .load import load_results
+from .summary import summarize
+from .text import markdown_summary, text_summary
+
+
+def _common(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("results", nargs="+", metavar="RESULTS",
+                        help="run directories (records.jsonl + manifest.json), records files, "
+                             "or folders holding several run directories")
+    parser.add_argument("--baseline", metavar="PATH", help="baseline JSON to compare against (reports/baselines/...)")
+    parser.add_argument("--threshold", type=float, default=DEFAULT_THRESHOLD_PCT, metavar="PCT",
+                        help="flag slowdowns over this many percent (default %(default)s)")
+    parser.add_argument("--error-factor", type=float, default=DEFAULT_ERROR_FACTOR, metavar="X",
+                        help="flag worst errors that grew over X times the baseline (default %(default)s)")
+    parser.add_argument("--fail-on", choices=("never", "failures", "regressions"), default="never",
+                        help="exit 1 when cases did not pass (failures) or also on regressions and "
+                             "incomplete runs (regressions); default: always 0 once written")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m harness", description="kv harness results and reports")
+    sub = parser.add_subparsers(dest="command", required=True)
+    report = sub.add_parser("report", help="render the HTML report (and JUnit XML, Markdown summary)")
+    _common(report)
+    report.add_argument("-o", "--output", default="reports/report.html", metavar="HTML",
+                        help="the HTML page (default %(default)s)")
+    report.add_argument("--junit", metavar="PATH", help="JUnit XML path (default: <output stem>.junit.xml beside the page)")
+    report.add_argument("--no-junit", action="store_true", help="do not write JUnit XML")
+    report.add_argument("--summary-md", metavar="PATH",
+                        help="append the Markdown summary to PATH (e.g. $GITHUB_STEP_SUMMARY); "
+                             "default: write it as <output stem>.md beside the page")
+    report.add_argument("--write-baseline", metavar="PATH", help="also write these results as a baseline JSON")
+    report.add_argument("--title", default="kv harness report", help="page title")
+    summ = sub.add_parser("summarize", help="print the one-screen text summary (and optionally Markdown)")
+    _common(summ)
+    summ.add_argument("--markdown", action="store_true", help="print the Markdown summary instead")
+    return parser
+
+
+def _exit_code(summary, fail_on: str) -> int:
+    if fail_on == "never":
+        return 0
+    if summary.stats.bad:
+        return 1
+    if fail_on == "regressions" and (summary.n_regressions or summary.incomplete):
+        return 1
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    results = load_results(args.results)
+    comparison = None
+    if args.baseline:
+        try:
+            baseline = read_baseline(args.baseline)
+        except ValueError as exc:
+            parser.error(str(exc))
+        comparison = compare(results, baseline, source=Path(args.baseline).name,
+                             threshold_pct=args.threshold, error_factor=args.error_factor)
+    summary = summarize(results, comparison)
+
+    if args.command == "summarize":
+        sys.stdout.write(markdown_summary(summary) if args.markdown else text_summary(summary))
+        return _exit_code(summary, args.fail_on)
+
+    from .junit import write_junit
+    from .render import render_html, write_html
+
+    output = Path(args.output)
+    junit = None if args.no_junit else Path(args.junit) if args.junit else output.with_name(output.stem + ".junit.xml")
+    markdown_path = Path(args.summary_md) if args.summary_md else output.with_name(output.stem + ".md")
+    links = {"JUnit XML": junit.name} if junit is not None and junit.parent == output.parent else {}
+    write_html(output, render_html(summary, title=args.title, links=links))
+    if junit is not None:
+        write_junit(junit, results)
+    markdown_path.parent.mkdir(parents=True, exist_ok=True)
+    with open(markdown_path, "a" if args.summary_md else "w", encoding="utf-8") as fh:
+        fh.write(markdown_summary(summary, report_name=output.name))
+    if args.write_baseline:
+        write_baseline(args.write_baseline, results, threshold_pct=args.threshold)
+    sys.stdout.write(text_summary(summary, report_path=output, junit_path=junit, markdown_path=markdown_path))
+    if args.write_baseline:
+        sys.stdout.write(f"  baseline: {args.write_baseline}\n")
+    sys.stdout.flush()
+    return _exit_code(summary, args.fail_on)

@@ -1,0 +1,132 @@
+"""Number parsing and formatting shared by the HTML page, the text and Markdown summaries."""
+
+from __future__ import annotations
+
+import math
+import re
+
+_CONTROL = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f\ufffe\uffff]")
+
+
+def to_float(value) -> float | None:
+    """A metric as float: numbers and the strings "nan"/"inf" (how records store them); else None."""
+    if isinstance(value, bool) or value is None:
+        return None
+    if isinstance(value, (int, float)):
+        return float(value)
+    if isinstance(value, str):
+        try:
+            return float(value.strip())
+        except ValueError:
+            return None
+    return None
+
+
+def clean_text(text, limit: int | None = None) -> str:
+    """Printable text: control characters replaced (they are illegal in XML and noisy in HTML)."""
+    text = _CONTROL.sub("\N{REPLACEMENT CHARACTER}", "" if text is None else str(text))
+    if limit is not None and len(text) > limit:
+        text = text[: limit - 1] + "\N{HORIZONTAL ELLIPSIS}"
+    return text
+
+
+def first_line(text, limit: int = 160) -> str:
+    """The most telling line of a failure message: the last ``E   ...`` line, else the first line."""
+    if not text:
+        return ""
+    lines = [line for line in str(text).splitlines() if line.strip()]
+    errors = [line[1:].strip() for line in lines if line.startswith("E ")]
+    line = errors[0] if errors else (lines[-1].strip() if lines else "")
+    return clean_text(line, limit)
+
+
+def fmt_count(value) -> str:
+    number = to_float(value)
+    if number is None:
+        return ""
+    if math.isnan(number) or math.isinf(number):
+        return str(number)
+    if abs(number) < 1e6:
+        return f"{int(number):,}" if number == int(number) else f"{number:,.2f}"
+    for suffix, scale in (("T", 1e12), ("G", 1e9), ("M", 1e6)):
+        if abs(number) >= scale:
+            return f"{number / scale:.3g}{suffix}"
+    return str(number)  # pragma: no cover
+
+
+def fmt_err(value) -> str:
+    number = to_float(value)
+    if number is None:
+        return ""
+    if math.isnan(number):
+        return "NaN"
+    if math.isinf(number):
+        return "inf" if number > 0 else "-inf"
+    if number == 0:
+        return "0"
+    return f"{number:.2e}"
+
+
+def fmt_sig(value, digits: int = 3) -> str:
+    """Three significant digits without exponent for everyday magnitudes (ms, GB/s)."""
+    number = to_float(value)
+    if number is None:
+        return ""
+    if not math.isfinite(number):
+        return str(number)
+    if number == 0:
+        return "0"
+    if abs(number) >= 10 ** digits:
+        return f"{number:,.0f}"
+    if abs(number) < 1e-3:
+        return f"{number:.2e}"
+    decimals = max(0, digits - 1 - int(math.floor(math.log10(abs(number)))))
+    return f"{number:.{decimals}f}"
+
+
+def fmt_pct(value) -> str:
+    number = to_float(value)
+    return "" if number is None else f"{number:.1f}%"
+
+
+def fmt_x(value) -> str:
+    number = to_float(value)
+    return "" if number is None else f"{fmt_sig(number)}\N{MULTIPLICATION SIGN}"
+
+
+def fmt_signed_pct(value) -> str:
+    number = to_float(value)
+    return "" if number is None else f"{number:+.1f}%"
+
+
+def fmt_duration(seconds) -> str:
+    number = to_float(seconds)
+    if number is None:
+        return ""
+    if number == 0:
+        return "0"
+    if number < 1:
+        return f"{number * 1e3:.0f} ms" if number >= 1e-3 else f"{number * 1e3:.2f} ms"
+    if number < 60:
+        return f"{number:.1f} s"
+    minutes, rest = divmod(int(round(number)), 60)
+    if minutes < 60:
+        return f"{minutes}m {rest:02d}s"
+    hours, minutes = divmod(minutes, 60)
+    return f"{hours}h {minutes:02d}m"
+
+
+def fmt_metric(name: str, value) -> str:
+    """A standard metric formatted the way its column expects."""
+    if name in ("max_abs_err", "max_rel_err"):
+        return fmt_err(value)
+    if name in ("states_checked", "elements_checked", "bit_errors"):
+        return fmt_count(value)
+    if name == "pct_of_peak":
+        return fmt_pct(value)
+    if name in ("ms", "gbps"):
+        return fmt_sig(value)
+    if name == "duration_s":
+        return fmt_duration(value)
+    number = to_float(value)
+    return fmt_sig(number) if number is not None else clean_text(value, 80)

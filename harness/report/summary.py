@@ -1,0 +1,248 @@
+"""Aggregation: outcome counts, the suites x legs matrix, per-suite figures and the verdict.
+
+Everything the page, the text summary and the Markdown summary show is computed
+here once, from a :class:`~harness.report.load.ResultSet` and an optional baseline
+:class:`~harness.report.baseline.Comparison`.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+from dataclasses import dataclass, field
+
+from ..records import OUTCOMES, Record
+from .fmt import to_float
+from .load import BAD_OUTCOMES, ResultSet, Run
+
+ERROR_METRICS = ("max_abs_err", "max_rel_err")
+CHECKED_METRICS = ("states_checked", "elements_checked")
+
+
+def suite_name(record: Record) -> str:
+    """``group/suite`` (``suites/affine``), or the bare suite name when there is no group."""
+    return f"{record.group}/{record.suite}" if record.group else record.suite
+
+
+def worst(values) -> float | None:
+    """Largest value, NaN counting as worst of all; None when there is none."""
+    numbers = [v for v in (to_float(x) for x in values) if v is not None]
+    if not numbers:
+        return None
+    if any(math.isnan(v) for v in numbers):
+        return math.nan
+    return max(numbers)
+
+
+def checked_of(record: Record) -> float | None:
+    for name in CHECKED_METRICS:
+        value = to_float(record.metrics.get(name))
+        if value is not None:
+            return value
+    return None
+
+
+@dataclass
+class Stats:
+    """Figures over a set of records (one cell, one suite, one leg or everything)."""
+
+    counts: Counter = field(default_factory=Counter)
+    checked: float | None = None
+    bit_errors: float | None = None
+    max_abs_err: float | None = None
+    max_rel_err: float | None = None
+    duration_s: float = 0.0
+
+    @classmethod
+    def of(cls, records: list[Record]) -> Stats:
+        checked = [c for c in (checked_of(r) for r in records) if c is not None]
+        bits = [b for b in (to_float(r.metrics.get("bit_errors")) for r in records) if b is not None]
+        return cls(
+            counts=Counter(r.outcome for r in records),
+            checked=sum(checked) if checked else None,
+            bit_errors=sum(bits) if bits else None,
+            max_abs_err=worst(r.metrics.get("max_abs_err") for r in records),
+            max_rel_err=worst(r.metrics.get("max_rel_err") for r in records),
+            duration_s=sum(float(r.duration_s or 0.0) for r in records),
+        )
+
+    @property
+    def total(self) -> int:
+        return sum(self.counts.values())
+
+    @property
+    def bad(self) -> int:
+        return sum(self.counts[o] for o in BAD_OUTCOMES)
+
+    @property
+    def status(self) -> str:
+        """``bad`` (something failed), ``ok`` (something passed, nothing failed), ``skip``, ``none``."""
+        if self.bad:
+            return "bad"
+        if self.counts["passed"]:
+            return "ok"
+        return "skip" if self.total else "none"
+
+    def cell_text(self) -> str:
+        if not self.total:
+            return "\N{EM DASH}"
+        ran = self.total - self.counts["skipped"]
+        if not ran:
+            return f"{self.counts['skipped']} skipped"
+        return f"{self.counts['passed']}/{ran}"
+
+
+@dataclass
+class Cell:
+    run: Run
+    records: list[Record]
+    stats: Stats
+    anchor: str
+
+    @property
+    def title(self) -> str:
+        parts = [f"{n} {o}" for o in OUTCOMES if (n := self.stats.counts[o])]
+        return ", ".join(parts) or "no cases"
+
+
+@dataclass
+class Suite:
+    name: str
+    anchor: str
+    cells: list[Cell | None]  # one per run, None when the run has no case of this suite
+    stats: Stats
+
+    @property
+    def present(self) -> list[Cell]:
+        return [c for c in self.cells if c is not None]
+
+
+@dataclass
+class BadInput:
+    suite: str
+    case: str
+    backend: str | None
+    error_type: str
+    error_message: str
+    outcomes: dict[str, str] = field(default_factory=dict)  # leg label -> outcome
+
+    @property
+    def bad(self) -> bool:
+        return any(o in BAD_OUTCOMES for o in self.outcomes.values())
+
+
+@dataclass
+class Summary:
+    results: ResultSet
+    suites: list[Suite]
+    stats: Stats
+    run_stats: list[Stats]
+    comparison: object | None = None  # baseline.Comparison
+
+    @property
+    def runs(self) -> list[Run]:
+        return self.results.runs
+
+    @property
+    def counts(self) -> Counter:
+        return self.stats.counts
+
+    @property
+    def incomplete(self) -> list[Run]:
+        return [run for run in self.runs if not run.complete]
+
+    @property
+    def modes(self) -> dict[str, list[str]]:
+        out: dict[str, list[str]] = {}
+        for run in self.runs:
+            out.setdefault(run.mode, []).append(run.label)
+        return out
+
+    @property
+    def where(self) -> list[str]:
+        """Distinct machines: ``host (GPU)`` or ``host (CPU, interpreter)``."""
+        seen: list[str] = []
+        for run in self.runs:
+            text = f"{run.host} ({run.gpu or 'CPU'}, {run.mode})"
+            if text not in seen:
+                seen.append(text)
+        return seen
+
+    @property
+    def n_regressions(self) -> int:
+        return len(self.comparison.regressions) if self.comparison is not None else 0
+
+    @property
+    def n_problems(self) -> int:
+        return len(self.results.all_problems())
+
+    @property
+    def verdict(self) -> str:
+        if not self.stats.total:
+            return "NO RESULTS"
+        if self.stats.bad:
+            return "FAILED"
+        if self.incomplete:
+            return "INCOMPLETE"
+        if self.n_regressions:
+            return "REGRESSED"
+        if not self.counts["passed"]:
+            return "ALL SKIPPED"
+        return "PASSED"
+
+    @property
+    def verdict_class(self) -> str:
+        return {"PASSED": "ok", "FAILED": "bad", "REGRESSED": "warn", "INCOMPLETE": "warn"}.get(
+            self.verdict, "none"
+        )
+
+    def failing(self) -> list[tuple[Run, Record]]:
+        return [(run, r) for run, r in self.results.pairs() if r.outcome in BAD_OUTCOMES]
+
+    def bad_input(self) -> list[BadInput]:
+        """What each bad-input case raised, merged over legs (one row per distinct error)."""
+        rows: dict[tuple, BadInput] = {}
+        for run, r in self.results.pairs():
+            if "error_type" not in r.metrics and "error_message" not in r.metrics:
+                continue
+            etype, message = str(r.metrics.get("error_type", "")), str(r.metrics.get("error_message", ""))
+            key = (suite_name(r), r.case, r.backend, etype, message)
+            row = rows.setdefault(key, BadInput(suite_name(r), r.case, r.backend, etype, message))
+            row.outcomes[run.label] = r.outcome
+        return list(rows.values())
+
+    def copy_ceiling(self, run: Run) -> float | None:
+        """The copy bandwidth measured in this run (GB/s), from records that carry it."""
+        return worst(r.metrics.get("copy_gbps") for r in run.records)
+
+
+def summarize(results: ResultSet, comparison=None) -> Summary:
+    names: list[str] = []
+    by_suite: dict[str, list[list[Record]]] = {}
+    for index, run in enumerate(results.runs):
+        for record in run.records:
+            name = suite_name(record)
+            if name not in by_suite:
+                names.append(name)
+                by_suite[name] = [[] for _ in results.runs]
+            by_suite[name][index].append(record)
+    # Suites under suites/ first, then the harness's own tests, each alphabetical.
+    names.sort(key=lambda n: (not n.startswith("suites/"), n))
+    suites = []
+    for s_index, name in enumerate(names):
+        cells: list[Cell | None] = []
+        for r_index, run in enumerate(results.runs):
+            records = by_suite[name][r_index]
+            cells.append(
+                Cell(run, records, Stats.of(records), f"c{s_index}-{r_index}") if records else None
+            )
+        flat = [r for recs in by_suite[name] for r in recs]
+        suites.append(Suite(name, f"s{s_index}", cells, Stats.of(flat)))
+    everything = [r for _, r in results.pairs()]
+    return Summary(
+        results=results,
+        suites=suites,
+        stats=Stats.of(everything),
+        run_stats=[Stats.of(run.records) for run in results.runs],
+        comparison=comparison,
+    )

@@ -1,0 +1,136 @@
+"""The one-screen text summary (end of a run) and the Markdown summary ($GITHUB_STEP_SUMMARY)."""
+
+from __future__ import annotations
+
+import html
+import shutil
+
+from ..records import OUTCOMES
+from .fmt import clean_text, first_line, fmt_count, fmt_duration, fmt_err, fmt_sig, fmt_signed_pct
+from .summary import Summary, suite_name
+
+SHOWN = 8  # failing cases / regressions listed before "... and N more"
+_COUNTED = ("passed", "failed", "error", "crashed", "timeout", "skipped")
+assert set(_COUNTED) == set(OUTCOMES)
+
+
+def counts_line(summary: Summary) -> str:
+    return " \N{MIDDLE DOT} ".join(f"{summary.counts[o]} {o}" for o in _COUNTED)
+
+
+def _finding_text(finding) -> str:
+    """``slower  +29.7%  suite::case [backend/variant]  0.124 -> 0.161 ms  on leg``."""
+    impl = "/".join(p for p in (finding.backend, finding.variant) if p)
+    if finding.kind == "new failure":
+        what = f"passed -> {finding.current}"
+    elif finding.metric in ("ms", "gbps"):
+        what = f"{fmt_sig(finding.baseline)} -> {fmt_sig(finding.current)} {finding.metric}"
+    else:
+        what = f"{finding.metric} {fmt_err(finding.baseline)} -> {fmt_err(finding.current)}"
+    change = fmt_signed_pct(finding.change_pct) if finding.change_pct is not None else ""
+    return (f"{finding.kind:<11} {change:>7}  {finding.suite}::{finding.case}"
+            f"{' [' + impl + ']' if impl else ''}  {what}  on {finding.run_label}")
+
+
+def text_summary(summary: Summary, *, report_path=None, junit_path=None, markdown_path=None,
+                 width: int | None = None) -> str:
+    """About 30 lines at most: verdict, counts, one line per leg, failures, regressions, paths.
+
+    Lines are cut at ``width`` (default: the terminal's width, at least 100).
+    """
+    width = width or max(100, shutil.get_terminal_size((120, 24)).columns)
+    out = [f"kv harness: {summary.verdict}  ({len(summary.runs)} leg(s), {summary.stats.total} cases, "
+           f"{fmt_duration(summary.stats.duration_s) or '0 s'} of test time)"]
+    out.append("  " + counts_line(summary))
+    if summary.runs:
+        name_w = min(40, max(len(run.label) for run in summary.runs))
+        out.append(f"  {'leg':<{name_w}}  {'mode':<11} {'pass':>5} {'fail':>5} {'err':>4} {'crash':>5} "
+                   f"{'t/o':>4} {'skip':>5}  status")
+        for run, stats in zip(summary.runs, summary.run_stats, strict=True):
+            c = stats.counts
+            status = "complete" if run.complete else "INCOMPLETE"
+            out.append(f"  {clean_text(run.label, name_w):<{name_w}}  {run.mode:<11} {c['passed']:>5} "
+                       f"{c['failed']:>5} {c['error']:>4} {c['crashed']:>5} {c['timeout']:>4} "
+                       f"{c['skipped']:>5}  {status}")
+    failing = summary.failing()
+    if failing:
+        out.append(f"  not passing ({len(failing)}):")
+        for run, record in failing[:SHOWN]:
+            line = (f"    {record.outcome.upper():<8} {suite_name(record)}::{record.case}  [{run.label}]  "
+                    f"{first_line(record.message, 200)}")
+            out.append(clean_text(line, width))
+        if len(failing) > SHOWN:
+            out.append(f"    ... and {len(failing) - SHOWN} more in the report")
+    comparison = summary.comparison
+    if comparison is not None:
+        kinds = comparison.kinds()
+        detail = ", ".join(f"{n} {k}" for k, n in sorted(kinds.items())) or "none"
+        out.append(f"  regressions vs {comparison.source} (threshold {comparison.threshold_pct:g}%): {detail}; "
+                   f"{len(comparison.improvements)} faster, {comparison.compared} compared")
+        for finding in comparison.regressions[:SHOWN]:
+            out.append(clean_text("    " + _finding_text(finding), width))
+        if len(comparison.regressions) > SHOWN:
+            out.append(f"    ... and {len(comparison.regressions) - SHOWN} more in the report")
+        if comparison.not_comparable:
+            out.append(clean_text("    timings not compared (other mode or GPU than the baseline): "
+                                  + ", ".join(comparison.not_comparable), width))
+    if summary.n_problems:
+        out.append(f"  read problems: {summary.n_problems} (listed in the report)")
+    for name, path in (("report", report_path), ("junit", junit_path), ("markdown", markdown_path)):
+        if path:
+            out.append(f"  {name + ':':<9} {path}")
+    return "\n".join(out) + "\n"
+
+
+def md_escape(text, limit: int | None = 200) -> str:
+    """Text safe in a Markdown table cell: HTML-escaped, pipes and emphasis neutralised."""
+    text = html.escape(clean_text(text, limit).replace("\n", " "), quote=False)
+    for char in "\\|*_`[]#~":
+        text = text.replace(char, "\\" + char)
+    return text
+
+
+_ICON = {"ok": "\u2705", "bad": "\u274c", "skip": "\u23ed\ufe0f", "none": "\u2014"}
+
+
+def markdown_summary(summary: Summary, *, report_name: str | None = None) -> str:
+    icon = {"ok": "\u2705", "bad": "\u274c", "warn": "\u26a0\ufe0f"}.get(summary.verdict_class, "\u2753")
+    out = [f"### {icon} kv harness: {summary.verdict}", ""]
+    out.append(" \N{MIDDLE DOT} ".join(f"**{summary.counts[o]}** {o}" for o in _COUNTED))
+    where = ", ".join(md_escape(w) for w in summary.where) or "no runs"
+    out.append(f"  \nran on {where}")
+    if summary.incomplete:
+        out.append(f"  \n**incomplete run:** {', '.join(md_escape(r.label) for r in summary.incomplete)}")
+    if summary.suites:
+        out += ["", "| suite | " + " | ".join(md_escape(r.label, 60) for r in summary.runs) + " |",
+                "|---|" + "---|" * len(summary.runs)]
+        for suite in summary.suites:
+            cells = []
+            for cell in suite.cells:
+                cells.append(_ICON["none"] if cell is None else f"{_ICON[cell.stats.status]} {cell.stats.cell_text()}")
+            out.append(f"| {md_escape(suite.name)} | " + " | ".join(cells) + " |")
+    failing = summary.failing()
+    if failing:
+        out += ["", f"**Not passing ({len(failing)})**", ""]
+        for run, record in failing[:SHOWN]:
+            out.append(f"- `{record.outcome}` {md_escape(record.nodeid)} on {md_escape(run.label, 60)}: "
+                       f"{md_escape(first_line(record.message), 160)}")
+        if len(failing) > SHOWN:
+            out.append(f"- and {len(failing) - SHOWN} more")
+    comparison = summary.comparison
+    if comparison is not None:
+        kinds = ", ".join(f"{n} {k}" for k, n in sorted(comparison.kinds().items())) or "none"
+        out += ["", f"**Regressions** vs {md_escape(comparison.source)} "
+                    f"(threshold {comparison.threshold_pct:g}%): {kinds}"]
+        for finding in comparison.regressions[:SHOWN]:
+            out.append(f"- {md_escape(_finding_text(finding), 300)}")
+    checked = summary.stats.checked
+    if checked:
+        out += ["", f"{fmt_count(checked)} states/elements checked, worst abs error "
+                    f"{fmt_err(summary.stats.max_abs_err) or 'n/a'}, worst rel error "
+                    f"{fmt_err(summary.stats.max_rel_err) or 'n/a'}."]
+    if summary.n_problems:
+        out += ["", f"{summary.n_problems} read problem(s): see the report."]
+    if report_name:
+        out += ["", f"Full report: {md_escape(report_name)} (download the artifact and open it)."]
+    return "\n".join(out) + "\n"

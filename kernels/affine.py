@@ -1,0 +1,583 @@
+"""Affine b-bit quantization of K and V into the packed cache (DESIGN section 5).
+
+Scheme, defined once and kept bit for bit by the torch reference and the Triton
+kernel. For each group of values x (fp16 / bf16 / fp32 input, computed in fp32)::
+
+    lo, hi = min(x), max(x)
+    lo0, hi0 = min(lo, 0), max(hi, 0)            # the range always holds 0, so the
+                                                 # integer zero point never clamps
+    s = (hi0 - lo0) * fl32(1 / (2^b - 1))        # fp32
+    s = |lo| if hi == lo (a constant group), 1 if the constant is 0
+    s = the smallest scale-dtype value >= s      # rounded UP to fp16 (exact for fp32)
+    s = max(s, SCALE_FLOOR[scale dtype])         # 2^-24 for fp16, 2^-126 for fp32
+    inv = 1 / s                                  # fp32, IEEE division, the STORED s
+    z = clamp(rne(fl32(-lo0 * inv)), 0, 2^b - 1)
+    q = clamp(rne(x * inv) + z, 0, 2^b - 1)      # x * inv EXACT (fp64 product / fma)
+    x_hat = (q - z) * s
+
+``rne`` rounds half to even; ``fl32`` is one fp32 rounding. The product x * inv
+is rounded once, straight to an integer (one fma on a GPU, an exact fp64 product
+in the reference). Rounding s up makes the whole range fit in 2^b - 1 steps, so
+``|x - x_hat| <= s / 2`` (plus fp32 rounding) for every x of the group;
+quantizing with the stored s makes ``requant(dequant(q)) == q`` exact. A constant group c is reconstructed exactly whenever c is representable
+in the scale dtype (s = |c|, z = 1 for c < 0, q = z + sign(c)). A group holding
+NaN or Inf, or one whose scale overflows the scale dtype, is an error
+(``ValueError``); nothing is silently clamped.
+
+Grouping: K per channel along tokens (a group is G tokens of one channel), V per
+token along channels (G channels of one token). Codes are packed along D in the
+canonical LSB-first stream (``kernels.packing``). The cache layout is documented
+in :mod:`kernels.kv_cache`.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+from triton.language.extra import libdevice
+
+from ._checks import (
+    require_dtype,
+    require_finite,
+    require_int,
+    require_rank,
+    require_same_device,
+    require_tensor,
+    resolve_backend,
+)
+from ._runtime import triton_interpreted
+from .aot import AotSpec
+from .kv_cache import QuantizedKV
+from .packing import pack_bits, unpack_bits
+
+BIT_WIDTHS = (2, 3, 4, 8)
+GROUP_SIZES = (32, 64, 128)
+INPUT_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+SCALE_DTYPES = (torch.float16, torch.float32)
+BACKENDS = ("torch", "triton")
+SCALE_FLOOR = {torch.float16: 2.0**-24, torch.float32: 2.0**-126}
+
+
+def _dtype_name(dtype: torch.dtype) -> str:
+    return str(dtype).replace("torch.", "")
+
+
+# ----------------------------------------------------------------------------- torch reference
+def _round_up_to(s: torch.Tensor, scale_dtype: torch.dtype) -> torch.Tensor:
+    """fp32 s >= 0 -> the smallest ``scale_dtype`` value >= s, as fp32 (NaN and Inf pass through)."""
+    if scale_dtype == torch.float32:
+        return s
+    low = s.to(scale_dtype)
+    bumped = (low.view(torch.int16) + 1).view(scale_dtype)  # next value up, for positive low
+    return torch.where(low.float() < s, bumped, low).float()
+
+
+def affine_params(lo: torch.Tensor, hi: torch.Tensor, bits: int, scale_dtype: torch.dtype):
+    """Group parameters from group minima and maxima (the scheme in this module's docstring).
+
+    lo, hi: fp32 [...] (same shape). Returns ``(scale, zero, inv)``, all fp32 [...]:
+    ``scale`` and ``zero`` hold values exactly representable in ``scale_dtype``,
+    ``inv = 1 / scale``. A group with NaN or Inf gets a NaN scale.
+    """
+    qmax = float((1 << bits) - 1)
+    lo0 = torch.clamp(lo, max=0.0)  # NaN stays NaN
+    hi0 = torch.clamp(hi, min=0.0)
+    s = (hi0 - lo0) * torch.tensor(1.0 / qmax, dtype=torch.float32, device=lo.device)
+    constant = hi == lo
+    s = torch.where(constant, torch.where(lo == 0, torch.ones_like(lo), lo.abs()), s)
+    s = _round_up_to(s, scale_dtype)
+    floor = SCALE_FLOOR[scale_dtype]
+    s = torch.where(s < floor, torch.full_like(s, floor), s)
+    inv = torch.ones_like(s) / s  # tensor / tensor: IEEE division on every device
+    zero = torch.clamp(torch.round(-lo0 * inv), 0.0, qmax)
+    return s, zero, inv
+
+
+def quantize_codes(x: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor, inv: torch.Tensor, bits: int):
+    """fp32 x and broadcastable fp32 group parameters -> uint8 codes in [0, 2^b - 1].
+
+    ``x * inv`` is formed exactly (fp64) and rounded once, half to even."""
+    q = torch.round(x.double() * inv.double()).float() + zero
+    return torch.clamp(q, 0.0, float((1 << bits) - 1)).to(torch.uint8)
+
+
+def dequantize_codes(q: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor) -> torch.Tensor:
+    """Codes and broadcastable group parameters -> fp32 ``(q - zero) * scale``."""
+    return (q.float() - zero.float()) * scale.float()
+
+
+def _quantize_groups(xg: torch.Tensor, dim: int, bits: int, scale_dtype: torch.dtype):
+    """Quantize fp32 ``xg`` in groups along ``dim``: codes (shape of xg), scale, zero (dim reduced)."""
+    lo = xg.amin(dim=dim, keepdim=True)
+    hi = xg.amax(dim=dim, keepdim=True)
+    scale, zero, inv = affine_params(lo, hi, bits, scale_dtype)
+    q = quantize_codes(xg, scale, zero, inv, bits)
+    return q, scale.squeeze(dim), zero.squeeze(dim)
+
+
+def _group_view(x: torch.Tensor, group_size: int, per_channel: bool) -> tuple[torch.Tensor, int]:
+    """[B, H, T, D] -> grouped fp32 view and the group dimension.
+
+    per channel (K): [B, H, T/G, G, D], groups along dim 3 (tokens);
+    per token (V):   [B, H, T, D/G, G], groups along dim 4 (channels).
+    """
+    b, h, t, d = x.shape
+    if per_channel:
+        return x.float().reshape(b, h, t // group_size, group_size, d), 3
+    return x.float().reshape(b, h, t, d // group_size, group_size), 4
+
+
+def _quantize_torch(x: torch.Tensor, bits: int, group_size: int, scale_dtype: torch.dtype, per_channel: bool):
+    """[B, H, T, D] (T a multiple of G for K) -> packed codes [B, H, T, D*b/8], scale, zero (sdt)."""
+    xg, dim = _group_view(x, group_size, per_channel)
+    q, scale, zero = _quantize_groups(xg, dim, bits, scale_dtype)
+    codes = pack_bits(q.reshape(x.shape), bits, layout="byte", backend="torch", validate=False)
+    return codes, scale.to(scale_dtype), zero.to(scale_dtype)
+
+
+def quantize_dequantize(
+    x: torch.Tensor, bits: int = 3, *, group_size: int = 64, grouping: str = "channel",
+    scale_dtype: torch.dtype = torch.float16,
+) -> torch.Tensor:
+    """Affine round trip of x [B, H, S, D] without packing: returns x_hat, fp32 [B, H, S, D].
+
+    ``grouping="channel"``: per channel along tokens (how K is cached); tokens past
+    the last full group of G are returned unchanged (the residual window).
+    ``grouping="token"``: per token along channels (how V is cached). Used to
+    compare groupings for K in accuracy studies.
+    """
+    _check_tensor("x", x)
+    _check_config(bits, group_size, scale_dtype)
+    if grouping not in ("channel", "token"):
+        raise ValueError(f"grouping must be 'channel' or 'token'; got {grouping!r}")
+    _check_head_dim(x.shape[-1], group_size)
+    per_channel = grouping == "channel"
+    full = x.shape[2] // group_size * group_size if per_channel else x.shape[2]
+    out = x.float().clone()
+    if full:
+        xg, dim = _group_view(x[:, :, :full], group_size, per_channel)
+        q, scale, zero = _quantize_groups(xg, dim, bits, scale_dtype)
+        _check_scales("x", x, scale)
+        x_hat = dequantize_codes(q, scale.unsqueeze(dim), zero.unsqueeze(dim))
+        out[:, :, :full] = x_hat.reshape(x.shape[0], x.shape[1], full, x.shape[3])
+    require_finite("x", out)
+    return out
+
+
+# ----------------------------------------------------------------------------- Triton kernel
+@triton.jit
+def _min_nan(a, b):
+    return tl.minimum(a, b, propagate_nan=tl.PropagateNan.ALL)
+
+
+@triton.jit
+def _max_nan(a, b):
+    return tl.maximum(a, b, propagate_nan=tl.PropagateNan.ALL)
+
+
+@triton.jit
+def _group_range(x, AXIS: tl.constexpr, INTERPRET: tl.constexpr):
+    """Group min and max of x along AXIS as fp32; NaN when the group holds NaN (Inf stays Inf).
+
+    Compiled: NaN-propagating min/max (max.NaN.f32). The interpreter's tl.min / tl.max
+    drop NaN and its custom reductions are slow, so there a non-finite element is
+    detected by sum(x * 0), which is NaN exactly then.
+    """
+    if INTERPRET:
+        x = x.to(tl.float32)
+        bad = tl.sum(x * 0.0, AXIS)
+        return tl.min(x, AXIS) + bad, tl.max(x, AXIS) + bad
+    else:
+        lo = tl.reduce(x, AXIS, _min_nan)
+        hi = tl.reduce(x, AXIS, _max_nan)
+        return lo.to(tl.float32), hi.to(tl.float32)
+
+
+@triton.jit
+def _rne(y, INTERPRET: tl.constexpr):
+    """Round fp32 half to even: cvt.rni on a GPU, the 1.5 * 2^23 trick in the interpreter (|y| < 2^22)."""
+    if INTERPRET:
+        return (y + 12582912.0) - 12582912.0
+    else:
+        return libdevice.rint(y)
+
+
+@triton.jit
+def _affine_params_tl(lo, hi, BITS: tl.constexpr, SCALE_FP16: tl.constexpr, FLOOR: tl.constexpr,
+                      INTERPRET: tl.constexpr):
+    """Triton twin of :func:`affine_params`: fp32 lo, hi -> fp32 scale, zero, inv."""
+    QMAX: tl.constexpr = (1 << BITS) - 1
+    lo0 = tl.minimum(lo, 0.0, propagate_nan=tl.PropagateNan.ALL)
+    hi0 = tl.maximum(hi, 0.0, propagate_nan=tl.PropagateNan.ALL)
+    s = (hi0 - lo0) * (1.0 / QMAX)  # NaN or Inf in the group makes s NaN or Inf
+    const_s = tl.where(lo == 0.0, 1.0, tl.abs(lo))
+    s = tl.where(hi == lo, const_s, s)
+    if SCALE_FP16:
+        low = s.to(tl.float16)
+        bumped = (low.to(tl.int16, bitcast=True) + 1).to(tl.float16, bitcast=True)
+        s = tl.where(low.to(tl.float32) < s, bumped, low).to(tl.float32)
+    s = tl.where(s < FLOOR, FLOOR, s)
+    inv = tl.math.div_rn(tl.full(s.shape, 1.0, tl.float32), s)
+    zero = _rne(-lo0 * inv, INTERPRET)
+    zero = tl.minimum(tl.maximum(zero, 0.0), QMAX)
+    return s, zero, inv
+
+
+@triton.jit
+def _codes(x, inv, zero, BITS: tl.constexpr, INTERPRET: tl.constexpr):
+    """clamp(rne(x * inv) + zero, 0, 2^BITS - 1) as uint32, x * inv rounded once.
+
+    Compiled: fma(x, inv, 1.5 * 2^23) rounds the exact product to an integer held in
+    the low mantissa bits (|x * inv| < 2^22), read back as an int by subtracting the
+    constant's bit pattern. Interpreter: the exact product in fp64, rounded there.
+    """
+    if INTERPRET:
+        y = x.to(tl.float64) * inv.to(tl.float64)
+        q = ((y + 6755399441055744.0) - 6755399441055744.0).to(tl.int32) + zero.to(tl.int32)
+    else:
+        r = tl.fma(x, inv, 12582912.0)
+        q = r.to(tl.int32, bitcast=True) + (zero.to(tl.int32) - 0x4B400000)
+    return tl.minimum(tl.maximum(q, 0), (1 << BITS) - 1).to(tl.uint32)
+
+
+@triton.jit
+def _merge_pairs(v, SHIFT: tl.constexpr):
+    """[..., 2] -> [...]: v[..., 0] | v[..., 1] << SHIFT."""
+    even, odd = tl.split(v)
+    return even | (odd << SHIFT)
+
+
+@triton.jit
+def _pack_lanes(q, G: tl.constexpr, N: tl.constexpr, BITS: tl.constexpr):
+    """uint32 codes [G, G] -> [G, G/N]: each N neighbours as q0 | q1 << BITS | ... (N in 4, 8, 16).
+
+    A tree of pair merges (N - 1 shift-ors per N values); the first levels stay inside
+    the 8 values each thread loaded.
+    """
+    v = _merge_pairs(tl.reshape(q, [G, G // 2, 2]), BITS)
+    v = _merge_pairs(tl.reshape(v, [G, G // 4, 2]), 2 * BITS)
+    if N >= 8:
+        v = _merge_pairs(tl.reshape(v, [G, G // 8, 2]), 4 * BITS)
+    if N >= 16:
+        v = _merge_pairs(tl.reshape(v, [G, G // 16, 2]), 8 * BITS)
+    return v
+
+
+@triton.jit
+def _store_codes(codes, base, q, G: tl.constexpr, BITS: tl.constexpr):
+    """Pack uint32 codes q [G, G] row by row into the canonical stream and store it as int32 words.
+
+    codes: uint8 pointer; codes + base[r] is the first byte of row r's G*BITS/8 bytes
+    (a multiple of 4). BITS in (2, 4, 8): 32/BITS values per word. BITS = 3: each 32
+    values m are 96 bits: four 24-bit octets a, b, c, d (v0 | v1 << 3 | ... | v7 << 21)
+    give words 3m = a | b << 24, 3m+1 = b >> 8 | c << 16, 3m+2 = c >> 16 | d << 8.
+    """
+    word_ptr = codes.to(tl.pointer_type(tl.int32)) + base // 4
+    if BITS == 3:
+        octets = _pack_lanes(q, G, 8, 3)
+        ac, bd = tl.split(tl.reshape(octets, [G, G // 32, 2, 2]))
+        a, c = tl.split(ac)
+        b, d = tl.split(bd)
+        m = word_ptr + tl.arange(0, G // 32)[None, :] * 3
+        tl.store(m, (a | (b << 24)).to(tl.int32, bitcast=True))
+        tl.store(m + 1, ((b >> 8) | (c << 16)).to(tl.int32, bitcast=True))
+        tl.store(m + 2, ((c >> 16) | (d << 8)).to(tl.int32, bitcast=True))
+    else:
+        VPW: tl.constexpr = 32 // BITS
+        words = _pack_lanes(q, G, VPW, BITS)
+        tl.store(word_ptr + tl.arange(0, G // VPW)[None, :], words.to(tl.int32, bitcast=True))
+
+
+@triton.jit
+def _quantize_kernel(
+    src, codes, scale, zero,
+    heads, src_tokens, capacity, tok_offset,
+    stride_b, stride_h, stride_t, stride_d,
+    D: tl.constexpr, G: tl.constexpr, BITS: tl.constexpr, PER_CHANNEL: tl.constexpr,
+    SCALE_FP16: tl.constexpr, FLOOR: tl.constexpr, INTERPRET: tl.constexpr,
+):
+    """Quantize one [G tokens, G channels] tile of K (PER_CHANNEL) or V into the cache.
+
+    src:   fp16/bf16/fp32 [B, H, src_tokens, D] (any strides), src_tokens a multiple of G
+    codes: uint8 [B, H, capacity, D*BITS/8]
+    scale, zero: fp16/fp32, K: [B, H, capacity/G, D]; V: [B, H, capacity, D/G]
+    Source token t lands at cache token tok_offset + t (tok_offset a multiple of G).
+    Grid: (src_tokens / G, D / G, B * H). Every input element is read once.
+    """
+    pid_t = tl.program_id(0)
+    pid_c = tl.program_id(1)
+    bh = tl.program_id(2).to(tl.int64)
+    b = bh // heads
+    h = bh % heads
+    rows = tl.arange(0, G)
+    cols = tl.arange(0, G)
+    tok = pid_t * G + rows  # source tokens of this tile
+    chan = pid_c * G + cols
+    ptrs = src + b * stride_b + h * stride_h + tok.to(tl.int64)[:, None] * stride_t + chan[None, :] * stride_d
+    x_in = tl.load(ptrs)  # min and max are exact in the input dtype (fp16: two per instruction)
+    x = x_in.to(tl.float32)
+    dst_tok = bh * capacity + tok_offset + tok  # cache row of each token, int64
+    if PER_CHANNEL:
+        lo, hi = _group_range(x_in, 0, INTERPRET)
+        s, z, inv = _affine_params_tl(lo, hi, BITS, SCALE_FP16, FLOOR, INTERPRET)
+        q = _codes(x, inv[None, :], z[None, :], BITS, INTERPRET)
+        group_row = bh * (capacity // G) + (tok_offset // G) + pid_t
+        p_off = group_row * D + chan
+    else:
+        lo, hi = _group_range(x_in, 1, INTERPRET)
+        s, z, inv = _affine_params_tl(lo, hi, BITS, SCALE_FP16, FLOOR, INTERPRET)
+        q = _codes(x, inv[:, None], z[:, None], BITS, INTERPRET)
+        p_off = dst_tok * (D // G) + pid_c
+    tl.store(scale + p_off, s.to(scale.dtype.element_ty))
+    tl.store(zero + p_off, z.to(zero.dtype.element_ty))
+    row_bytes: tl.constexpr = D * BITS // 8
+    tile_bytes: tl.constexpr = G * BITS // 8
+    _store_codes(codes, dst_tok[:, None] * row_bytes + pid_c * tile_bytes, q, G, BITS)
+
+
+def _num_warps(group_size: int) -> int:
+    return {32: 2, 64: 4, 128: 8}[group_size]
+
+
+def _launch_quantize(x, codes, scale, zero, tok_offset, group_size, bits, per_channel) -> None:
+    b, h, t, d = x.shape
+    grid = (t // group_size, d // group_size, b * h)
+    _quantize_kernel[grid](
+        x, codes, scale, zero,
+        h, t, codes.shape[2], tok_offset,
+        *x.stride(),
+        D=d, G=group_size, BITS=bits, PER_CHANNEL=per_channel,
+        SCALE_FP16=scale.dtype == torch.float16, FLOOR=SCALE_FLOOR[scale.dtype],
+        INTERPRET=triton_interpreted(), num_warps=_num_warps(group_size),
+    )
+
+
+# ----------------------------------------------------------------------------- checks
+def _check_tensor(name: str, x) -> None:
+    require_tensor(name, x)
+    require_dtype(name, x, INPUT_DTYPES)
+    require_rank(name, x, 4)
+
+
+def _check_config(bits, group_size, scale_dtype) -> None:
+    require_int("bits", bits, BIT_WIDTHS)
+    require_int("group_size", group_size, GROUP_SIZES)
+    if not isinstance(scale_dtype, torch.dtype) or scale_dtype not in SCALE_DTYPES:
+        raise TypeError(f"scale_dtype must be torch.float16 or torch.float32; got {scale_dtype!r}")
+
+
+def _check_head_dim(d: int, group_size: int) -> None:
+    if d % group_size:
+        raise ValueError(
+            f"head_dim D={d} must be a multiple of group_size={group_size} "
+            "(V is quantized in groups of G channels)"
+        )
+
+
+def _check_scales(name: str, x: torch.Tensor, scale: torch.Tensor) -> None:
+    """Raise ValueError when a group scale is not finite: NaN/Inf input, or scale-dtype overflow."""
+    if scale.numel() and not bool(torch.isfinite(scale).all()):
+        require_finite(name, x)
+        dtype = scale.dtype
+        raise ValueError(
+            f"{name}: a group's range is too wide for {_dtype_name(dtype)} scales "
+            f"(its scale exceeds {torch.finfo(dtype).max:g}); use scale_dtype=torch.float32"
+        )
+
+
+def _check_kv(k, v) -> None:
+    _check_tensor("k", k)
+    _check_tensor("v", v)
+    if k.shape != v.shape:
+        raise ValueError(f"k and v must have the same shape [B, H, S, D]; got k {tuple(k.shape)}, v {tuple(v.shape)}")
+    if k.dtype != v.dtype:
+        raise TypeError(f"k and v must have the same dtype; got k {_dtype_name(k.dtype)}, v {_dtype_name(v.dtype)}")
+    require_same_device(k=k, v=v)
+
+
+def _check_seq_lens(seq_lens, batch: int, s: int) -> list[int]:
+    if seq_lens is None:
+        return [s] * batch
+    if isinstance(seq_lens, torch.Tensor):
+        if seq_lens.is_floating_point() or seq_lens.dim() != 1:
+            raise TypeError(f"seq_lens must be a 1-d integer tensor or a list of ints; got {seq_lens!r}")
+        seq_lens = seq_lens.tolist()
+    lens = list(seq_lens)
+    if len(lens) != batch or any(isinstance(n, bool) or not isinstance(n, int) for n in lens):
+        raise TypeError(f"seq_lens must hold {batch} ints (one per sequence); got {seq_lens!r}")
+    if any(n < 0 or n > s for n in lens):
+        raise ValueError(f"seq_lens must lie in [0, S={s}]; got {lens}")
+    return lens
+
+
+# ----------------------------------------------------------------------------- public API
+def quantize_into(qkv: QuantizedKV, k: torch.Tensor, v: torch.Tensor, token_offset: int, backend: str) -> None:
+    """Quantize whole groups k, v [B, H, T, D] (T a multiple of G) into ``qkv`` at ``token_offset``.
+
+    Writes codes rows [token_offset, token_offset + T), K scale/zero groups
+    [token_offset/G, (token_offset + T)/G) and V scale/zero rows likewise. Leaves
+    ``seq_lens`` and the residual window alone. Raises ValueError (after writing)
+    when a group holds NaN/Inf or its scale overflows the scale dtype.
+    """
+    g = qkv.group_size
+    t = k.shape[2]
+    if t == 0:
+        return
+    k_scale = qkv.k_scale[:, :, token_offset // g:(token_offset + t) // g]
+    v_scale = qkv.v_scale[:, :, token_offset:token_offset + t]
+    if backend == "triton":
+        for x, codes, scale, zero, per_channel in (
+            (k, qkv.k_codes, qkv.k_scale, qkv.k_zero, True),
+            (v, qkv.v_codes, qkv.v_scale, qkv.v_zero, False),
+        ):
+            _launch_quantize(x, codes, scale, zero, token_offset, g, qkv.bits, per_channel)
+    else:
+        rows = slice(token_offset, token_offset + t)
+        groups = slice(token_offset // g, (token_offset + t) // g)
+        for x, codes, scale, zero, per_channel, sel in (
+            (k, qkv.k_codes, qkv.k_scale, qkv.k_zero, True, groups),
+            (v, qkv.v_codes, qkv.v_scale, qkv.v_zero, False, rows),
+        ):
+            c, s, z = _quantize_torch(x, qkv.bits, g, qkv.scale_dtype, per_channel)
+            codes[:, :, rows] = c
+            scale[:, :, sel] = s
+            zero[:, :, sel] = z
+    _check_scales("k", k, k_scale)
+    _check_scales("v", v, v_scale)
+
+
+def quantize_kv(
+    k: torch.Tensor,
+    v: torch.Tensor,
+    bits: int = 3,
+    *,
+    group_size: int = 64,
+    scale_dtype: torch.dtype = torch.float16,
+    backend: str | None = None,
+    capacity: int | None = None,
+    seq_lens=None,
+) -> QuantizedKV:
+    """Quantize K and V into a packed cache.
+
+    k, v: fp16 / bf16 / fp32 [B, H, S, D], D a multiple of ``group_size``; any S >= 0.
+    Tokens [0, (S // G) * G) are quantized (K per channel over G-token groups, V per
+    token over G-channel groups) and packed; the last S % G tokens stay in the
+    residual window in the input dtype. ``capacity`` (a multiple of G, at least
+    ``ceil(S / G) * G``; that is the default) sets the token capacity of the codes
+    for later :meth:`QuantizedKV.append` calls. ``backend``: ``"torch"`` (reference),
+    ``"triton"`` (compiled on a GPU, interpreted on CPU); ``None`` picks Triton on a GPU.
+    ``seq_lens`` (ints or an int tensor [B], each in [0, S]) keeps only the first
+    seq_lens[i] tokens of sequence i (a ragged batch); by default every sequence holds S.
+    """
+    _check_kv(k, v)
+    _check_config(bits, group_size, scale_dtype)
+    batch, heads, s, d = k.shape
+    _check_head_dim(d, group_size)
+    backend = resolve_backend(backend, k.device, BACKENDS)
+    need = -(-s // group_size) * group_size
+    if capacity is None:
+        capacity = need
+    require_int("capacity", capacity)
+    if capacity % group_size or capacity < need:
+        raise ValueError(
+            f"capacity must be a multiple of group_size={group_size} and at least {need} "
+            f"(S={s} rounded up to whole groups); got {capacity}"
+        )
+    lens = _check_seq_lens(seq_lens, batch, s)
+    qkv = QuantizedKV.empty(
+        batch, heads, d, bits=bits, group_size=group_size, capacity=capacity,
+        dtype=k.dtype, scale_dtype=scale_dtype, device=k.device,
+    )
+    rows = [slice(None)] if len(set(lens)) <= 1 else [slice(i, i + 1) for i in range(batch)]
+    for sel in rows:
+        n = lens[sel.start or 0] if lens else 0
+        full = n // group_size * group_size
+        require_finite("k", k[sel, :, full:n])
+        require_finite("v", v[sel, :, full:n])
+        quantize_into(qkv._rows(sel), k[sel, :, :full], v[sel, :, :full], 0, backend)
+        qkv.k_residual[sel, :, : n - full] = k[sel, :, full:n]
+        qkv.v_residual[sel, :, : n - full] = v[sel, :, full:n]
+    qkv.seq_lens.copy_(torch.tensor(lens, dtype=torch.int32))
+    return qkv
+
+
+def _dequantize_side(codes, scale, zero, bits, group_size, n_tokens, per_channel):
+    q = unpack_bits(codes[:, :, :n_tokens].contiguous(), bits, layout="byte", backend="torch")
+    b, h, t, d = q.shape
+    if per_channel:
+        qg = q.reshape(b, h, t // group_size, group_size, d)
+        x = dequantize_codes(qg, scale[:, :, : t // group_size, None, :], zero[:, :, : t // group_size, None, :])
+    else:
+        qg = q.reshape(b, h, t, d // group_size, group_size)
+        x = dequantize_codes(qg, scale[:, :, :t, :, None], zero[:, :, :t, :, None])
+    return x.reshape(b, h, t, d)
+
+
+def dequantize_kv(qkv: QuantizedKV, *, dtype: torch.dtype | None = None):
+    """Reconstruct (k_hat, v_hat), each [B, H, S, D] with S = max(seq_lens).
+
+    Token t < quantized_lens[i] comes from the codes, ``(q - zero) * scale`` in fp32;
+    tokens up to seq_lens[i] from the residual window; positions past seq_lens[i]
+    are zero. Output dtype: ``dtype`` or the cache's input dtype.
+    """
+    if not isinstance(qkv, QuantizedKV):
+        raise TypeError(f"qkv must be a QuantizedKV; got {type(qkv).__name__}")
+    dtype = dtype or qkv.dtype
+    seq = qkv.seq_lens.tolist()
+    qlen = qkv.quantized_lens().tolist()
+    s_max = max(seq, default=0)
+    q_max = max(qlen, default=0)
+    shape = (qkv.batch, qkv.heads, s_max, qkv.head_dim)
+    outs = []
+    for codes, scale, zero, residual, per_channel in (
+        (qkv.k_codes, qkv.k_scale, qkv.k_zero, qkv.k_residual, True),
+        (qkv.v_codes, qkv.v_scale, qkv.v_zero, qkv.v_residual, False),
+    ):
+        out = torch.zeros(shape, dtype=torch.float32, device=qkv.device)
+        if q_max:
+            x = _dequantize_side(codes, scale, zero, qkv.bits, qkv.group_size, q_max, per_channel)
+        for i, (n, nq) in enumerate(zip(seq, qlen, strict=True)):
+            if nq:
+                out[i, :, :nq] = x[i, :, :nq]
+            out[i, :, nq:n] = residual[i, :, : n - nq].float()
+        outs.append(out.to(dtype))
+    return outs[0], outs[1]
+
+
+# ----------------------------------------------------------------------------- AOT specializations
+_TRITON_TYPES = {torch.float16: "*fp16", torch.bfloat16: "*bf16", torch.float32: "*fp32"}
+
+
+def _aot_configs():
+    """(input dtype, bits, group size, scale dtype): every bit width and every group size
+    once, and the other input and scale dtypes at the defaults; K and V each."""
+    f16, bf16, f32 = torch.float16, torch.bfloat16, torch.float32
+    configs = [(f16, bits, 64, f16) for bits in BIT_WIDTHS]
+    configs += [(f16, 3, g, f16) for g in GROUP_SIZES if g != 64]
+    configs += [(f16, 3, 64, f32), (bf16, 3, 64, f16), (f32, 3, 64, f32)]
+    return configs
+
+
+def _aot_specs() -> list[AotSpec]:
+    specs = []
+    for dtype, bits, group_size, scale_dtype in _aot_configs():
+        for per_channel in (True, False):
+            side = "k" if per_channel else "v"
+            name = f"quantize_{side}_{_dtype_name(dtype)}_b{bits}_g{group_size}_{_dtype_name(scale_dtype)}"
+            stype = _TRITON_TYPES[scale_dtype]
+            signature = {
+                "src": _TRITON_TYPES[dtype], "codes": "*u8", "scale": stype, "zero": stype,
+                "heads": "i32", "src_tokens": "i32", "capacity": "i32", "tok_offset": "i32",
+                "stride_b": "i64", "stride_h": "i64", "stride_t": "i64",
+            }
+            constexprs = {
+                "stride_d": 1, "D": 128, "G": group_size, "BITS": bits, "PER_CHANNEL": per_channel,
+                "SCALE_FP16": scale_dtype == torch.float16, "FLOOR": SCALE_FLOOR[scale_dtype],
+                "INTERPRET": False,
+            }
+            specs.append(AotSpec(name, _quantize_kernel, signature, constexprs, _num_warps(group_size)))
+    return specs
+
+
+AOT_SPECS = _aot_specs()

@@ -1,0 +1,676 @@
+"""Fused low-bit flash-decoding over the packed KV cache (DESIGN section 6).
+
+``decode_attention(q, cache, *, seq_lens=None, sm_scale=None, backend=None)``:
+one query token per sequence, q ``[B, Hq, D]`` fp16/bf16, against a
+:class:`~kernels.kv_cache.QuantizedKV` (contiguous) or a
+:class:`~kernels.paged.PagedQuantizedKV` (block table of pages) holding ``Hkv``
+kv heads (``Hq % Hkv == 0``). Returns ``[B, Hq, D]`` in q's dtype.
+
+Triton path, two kernels:
+
+1. ``_decode_split_kernel``, grid ``(splits + 1, Hkv, B)``: program ``s < splits``
+   walks tiles of ``BLOCK_T`` quantized tokens (one K scale group per tile) and keeps
+   an online softmax (running max, sum, accumulator) for the ``Hq / Hkv`` query heads
+   of its kv head, stacked as the M dimension of both tensor-core products (padded to
+   16), so each K/V tile is loaded once for the whole group. Codes arrive in the
+   decode word arrangement of :mod:`kernels.paged` and become fp16 with two integer
+   instructions per pair of values (``(w >> s) & 0x00070007 | 0x64006400`` is the
+   bit pattern of ``1024 + code`` in both halves); dequantization is
+   ``(x - (zero + 1024)) * scale`` in fp16, exact up to the one rounding that the
+   stored fp16 cache would also see. The last program attends the fp residual window.
+   Each writes a normalized partial output and its log-sum-exp (base 2).
+2. ``_decode_merge_kernel``, grid ``(Hq, B)``: merges the partials by log-sum-exp.
+
+The number of splits comes from the shape, so that batch 1 fills every SM.
+References: :func:`reference_decode` (float64 on the dequantized cache; the kernel
+error alone) and :func:`attention_reference` (any K/V, e.g. the original fp16 K/V
+for the quantization error).
+"""
+
+from __future__ import annotations
+
+import math
+import weakref
+
+import torch
+import triton
+import triton.language as tl
+
+from ._checks import (
+    require_dtype,
+    require_rank,
+    require_same_device,
+    require_tensor,
+    resolve_backend,
+)
+from ._runtime import triton_interpreted
+from .aot import AotSpec
+from .kv_cache import QuantizedKV
+from .paged import (
+    DECODE_BITS,
+    DECODE_HEAD_DIMS,
+    DEFAULT_TILE,
+    DEFAULT_WARPS,
+    PagedQuantizedKV,
+    decode_view,
+    paged_to_contiguous,
+)
+
+BACKENDS = ("torch", "triton")
+Q_DTYPES = (torch.float16, torch.bfloat16)
+SPLIT_PROGRAMS_PER_SM = 2  # split-KV target: programs per SM at batch 1
+LOG2E = 1.4426950408889634
+MAGIC_PAIR = 0x64006400  # fp16 1024.0 in both halves; OR-ed onto two codes it gives 1024 + code
+
+
+# ----------------------------------------------------------------------------- references
+def attention_reference(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, seq_lens: torch.Tensor, sm_scale: float,
+    dtype: torch.dtype = torch.float64,
+) -> torch.Tensor:
+    """softmax(q k^T * sm_scale) v per sequence, in ``dtype``.
+
+    q [B, Hq, D]; k, v [B, Hkv, S, D] (Hq a multiple of Hkv); seq_lens [B] (token i of
+    sequence b is attended iff i < seq_lens[b] <= S). Returns [B, Hq, D] in ``dtype``.
+    """
+    b, hq, d = q.shape
+    hkv, s = k.shape[1], k.shape[2]
+    group = hq // hkv
+    qd = q.to(dtype).reshape(b, hkv, group, d)
+    scores = torch.einsum("bhgd,bhsd->bhgs", qd, k.to(dtype)) * sm_scale
+    pos = torch.arange(s, device=k.device)
+    valid = pos[None, :] < seq_lens.to(k.device).long()[:, None]  # [B, S]
+    scores = scores.masked_fill(~valid[:, None, None, :], float("-inf"))
+    probs = torch.softmax(scores, dim=-1)
+    out = torch.einsum("bhgs,bhsd->bhgd", probs, v.to(dtype))
+    return out.reshape(b, hq, d)
+
+
+def _contiguous(cache) -> QuantizedKV:
+    return paged_to_contiguous(cache) if isinstance(cache, PagedQuantizedKV) else cache
+
+
+def reference_decode(
+    q: torch.Tensor, cache, *, seq_lens: torch.Tensor | None = None, sm_scale: float | None = None,
+    dtype: torch.dtype = torch.float64,
+) -> torch.Tensor:
+    """Attention of q over the dequantized cache, computed in ``dtype`` (float64 by default).
+
+    The dequantized values ``(code - zero) * scale`` are exact in fp32 for fp16 scales,
+    so in float64 this is the exact answer the fused kernel approximates.
+    """
+    from .affine import dequantize_kv
+
+    qkv = _contiguous(cache)
+    lens = qkv.seq_lens if seq_lens is None else seq_lens
+    if sm_scale is None:
+        sm_scale = 1.0 / math.sqrt(q.shape[-1])
+    k_hat, v_hat = dequantize_kv(qkv, dtype=torch.float32)
+    return attention_reference(q, k_hat, v_hat, lens, sm_scale, dtype)
+
+
+# ----------------------------------------------------------------------------- Triton kernels
+@triton.jit
+def _field(w, SHIFT: tl.constexpr, FIELD: tl.constexpr, magic):
+    return ((w >> SHIFT) & FIELD) | magic
+
+
+@triton.jit
+def _join4(w, START: tl.constexpr, STEP: tl.constexpr, FIELD: tl.constexpr, magic):
+    return tl.join(tl.join(_field(w, START, FIELD, magic), _field(w, START + STEP, FIELD, magic)),
+                   tl.join(_field(w, START + 2 * STEP, FIELD, magic), _field(w, START + 3 * STEP, FIELD, magic)))
+
+
+@triton.jit
+def _spare(w0, w1, w2, J: tl.constexpr, magic):
+    return ((w0 >> (12 + J)) & 0x00010001) | ((w1 >> (11 + J)) & 0x00020002) | ((w2 >> (10 + J)) & 0x00040004) \
+        | magic
+
+
+@triton.jit
+def _unpack_group(w0, w1, w2, w3, magic, NRG: tl.constexpr, BITS: tl.constexpr, T: tl.constexpr):
+    """Planes uint32 [T, NRG] -> uint16 [T, NRG * 32] holding 0x6400 | code, the fp16 bit pattern
+    of 1024 + code (``magic`` = 0x64006400, a run-time value so that the OR folds into the mask).
+    Twin of kernels.paged.unpack_group; every step stays in registers."""
+    if BITS == 2:
+        F: tl.constexpr = 0x00030003
+        pairs = tl.join(tl.join(_join4(w0, 0, 2, F, magic), _join4(w0, 8, 2, F, magic)),
+                        tl.join(_join4(w1, 0, 2, F, magic), _join4(w1, 8, 2, F, magic)))
+    else:
+        F2: tl.constexpr = ((1 << BITS) - 1) * 65537
+        if BITS == 3:
+            last = tl.join(tl.join(_spare(w0, w1, w2, 0, magic), _spare(w0, w1, w2, 1, magic)),
+                           tl.join(_spare(w0, w1, w2, 2, magic), _spare(w0, w1, w2, 3, magic)))
+        else:
+            last = _join4(w3, 0, 4, F2, magic)
+        pairs = tl.join(tl.join(_join4(w0, 0, BITS, F2, magic), _join4(w1, 0, BITS, F2, magic)),
+                        tl.join(_join4(w2, 0, BITS, F2, magic), last))
+    halves = tl.join((pairs & 0xFFFF).to(tl.uint16), (pairs >> 16).to(tl.uint16))
+    return tl.reshape(halves, [T, NRG * 32])
+
+
+@triton.jit
+def _load_plane(ptr, PLANE: tl.constexpr, BITS: tl.constexpr, NRG: tl.constexpr, T: tl.constexpr):
+    """One coalesced word per thread for each of the tile's NRG groups: uint32 [T, NRG] (kernels.paged)."""
+    t = tl.arange(0, T)
+    w = tl.load(ptr + PLANE * T + t).to(tl.uint32, bitcast=True)
+    w = tl.reshape(w, [T, 1])
+    if NRG >= 2:
+        w = tl.join(tl.reshape(w, [T]), tl.load(ptr + (BITS + PLANE) * T + t).to(tl.uint32, bitcast=True))
+    if NRG >= 4:
+        w2 = tl.join(tl.load(ptr + (2 * BITS + PLANE) * T + t).to(tl.uint32, bitcast=True),
+                     tl.load(ptr + (3 * BITS + PLANE) * T + t).to(tl.uint32, bitcast=True))
+        w = tl.reshape(tl.join(w, w2), [T, 4])
+    if NRG == 8:
+        w3 = tl.join(tl.load(ptr + (4 * BITS + PLANE) * T + t).to(tl.uint32, bitcast=True),
+                     tl.load(ptr + (5 * BITS + PLANE) * T + t).to(tl.uint32, bitcast=True))
+        w4 = tl.join(tl.load(ptr + (6 * BITS + PLANE) * T + t).to(tl.uint32, bitcast=True),
+                     tl.load(ptr + (7 * BITS + PLANE) * T + t).to(tl.uint32, bitcast=True))
+        w = tl.reshape(tl.join(w, tl.reshape(tl.join(w3, w4), [T, 4])), [T, 8])
+    return tl.reshape(w, [T, NRG])
+
+
+@triton.jit
+def _load_tile(ptr, magic, N: tl.constexpr, K: tl.constexpr, BITS: tl.constexpr, WARPS: tl.constexpr):
+    """Decode-arranged words of one tile -> fp16 [N, K] holding 1024 + code, already in the
+    register layout of a tensor-core B operand (kernels.paged: reshape, permute, reshape)."""
+    T: tl.constexpr = 32 * WARPS
+    NRG: tl.constexpr = N * K // (T * 32)
+    w0 = _load_plane(ptr, 0, BITS, NRG, T)
+    w1 = _load_plane(ptr, 1, BITS, NRG, T)
+    w2 = w1
+    w3 = w1
+    if BITS >= 3:
+        w2 = _load_plane(ptr, 2, BITS, NRG, T)
+    if BITS == 4:
+        w3 = _load_plane(ptr, 3, BITS, NRG, T)
+    vals = tl.reshape(_unpack_group(w0, w1, w2, w3, magic, NRG, BITS, T),
+                      [8 * WARPS, 4, N // (8 * WARPS), K // 16, 4])
+    return tl.reshape(tl.permute(vals, (2, 0, 3, 1, 4)), [N, K]).to(tl.float16, bitcast=True)
+
+
+@triton.jit
+def _online_update(m, l, acc, qk, v, valid):
+    """One flash-decoding step. qk [M, T] fp32 (log2 domain), v [T, D], valid [T] bool."""
+    qk = tl.where(valid[None, :], qk, float("-inf"))
+    m_new = tl.maximum(m, tl.max(qk, 1))
+    alpha = tl.exp2(m - m_new)
+    p = tl.exp2(qk - m_new[:, None])
+    l = l * alpha + tl.sum(p, 1)
+    acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
+    return m_new, l, acc
+
+
+@triton.jit
+def _hi_lo(x, HALF: tl.constexpr, N: tl.constexpr):
+    """fp32 [HALF, N] -> fp16 [2 * HALF, N]: rows [0, HALF) hold fl16(x), rows [HALF, 2 HALF) the
+    remainder fl16(x - fl16(x)); their sum carries about 22 bits. Also returns hi + lo in fp32."""
+    hi = x.to(tl.float16)
+    lo = (x - hi.to(tl.float32)).to(tl.float16)
+    both = tl.reshape(tl.permute(tl.join(hi, lo), (2, 0, 1)), [2 * HALF, N])
+    return both, hi.to(tl.float32) + lo.to(tl.float32)
+
+
+@triton.jit
+def _rows2(x, HALF: tl.constexpr):
+    """[HALF] -> [2 * HALF]: the same value for a head's hi and lo rows."""
+    return tl.reshape(tl.permute(tl.join(x, x), (1, 0)), [2 * HALF])
+
+
+@triton.jit
+def _v_group(acc, zacc, p, alpha, v, s_ptrs, z_ptrs, valid, HALF: tl.constexpr, BLOCK_T: tl.constexpr):
+    """V product of one channel group with its per-token scale folded into p.
+
+    acc [2 HALF, G] += [hi; lo](p * s) @ (1024 + code); zacc [HALF, T] += (p * s) * (zero + 1024),
+    kept per token and reduced once per split (acc - sum(zacc) is the dequantized product).
+    """
+    s = tl.load(s_ptrs, mask=valid, other=0.0).to(tl.float32)
+    z = tl.load(z_ptrs, mask=valid, other=0.0).to(tl.float32) + 1024.0
+    ps, ps32 = _hi_lo(p * s[None, :], HALF, BLOCK_T)
+    acc = tl.dot(ps, tl.trans(v), acc * _rows2(alpha, HALF)[:, None])
+    zacc = zacc * alpha[:, None] + ps32 * z[None, :]
+    return acc, zacc
+
+
+@triton.jit
+def _code_tile(
+    m, l_acc, acc0, acc1, zacc0, zacc1, q32, lo_row, b, h, tile, code_len, magic,
+    kw_ptr, stride_kw_p, stride_kw_h, stride_kw_t,
+    ks_ptr, kz_ptr, stride_ks_p, stride_ks_h, stride_ks_g,
+    vw_ptr, stride_vw_p, stride_vw_h, stride_vw_t,
+    vs_ptr, vz_ptr, stride_vs_p, stride_vs_h, stride_vs_t,
+    bt_ptr, stride_bt_b, page_size,
+    HALF: tl.constexpr, D: tl.constexpr, G: tl.constexpr, BITS: tl.constexpr, BLOCK_T: tl.constexpr,
+    WARPS: tl.constexpr,
+):
+    """Attend one tile of BLOCK_T quantized tokens (one page, one K scale group).
+
+    K: the tile's per-channel scales are folded into q (q * s, split into fp16 hi and lo rows
+    of the M dimension) and its zero points become one bias per row, so the codes enter the
+    tensor cores as they are unpacked (1024 + code):
+    logits = (q*s) @ (1024 + code) - (q*s) . (zero + 1024), hi and lo rows summed.
+    V: per-token scales folded into p, one product per channel group (_v_group).
+    """
+    NGV: tl.constexpr = D // G
+    d = tl.arange(0, D)
+    tt = tl.arange(0, BLOCK_T)
+    t0 = tile * BLOCK_T
+    page_idx = t0 // page_size
+    off = t0 - page_idx * page_size
+    page = tl.load(bt_ptr + b * stride_bt_b + page_idx).to(tl.int64)
+    valid = t0 + tt < code_len
+
+    kbase = page * stride_ks_p + h * stride_ks_h + (off // G) * stride_ks_g + d
+    x = q32 * tl.load(ks_ptr + kbase).to(tl.float32)[None, :]  # [2 HALF, D], each head twice
+    hi = x.to(tl.float16)
+    qs = tl.where(lo_row[:, None], (x - hi.to(tl.float32)).to(tl.float16), hi)
+    bias = tl.sum(qs.to(tl.float32) * (tl.load(kz_ptr + kbase).to(tl.float32) + 1024.0)[None, :], 1)
+    kptr = kw_ptr + page * stride_kw_p + h * stride_kw_h + (off // BLOCK_T) * stride_kw_t
+    k_codes = _load_tile(kptr, magic, BLOCK_T, D, BITS, WARPS)  # [BLOCK_T, D]
+    qk = tl.sum(tl.reshape(tl.dot(qs, tl.trans(k_codes)) - bias[:, None], [2, HALF, BLOCK_T]), 0)
+    qk = tl.where(valid[None, :], qk, float("-inf"))  # [HALF, BLOCK_T], log2 domain
+    m_new = tl.maximum(m, tl.max(qk, 1))
+    alpha = tl.exp2(m - m_new)
+    p = tl.exp2(qk - m_new[:, None])
+    l_acc = l_acc * alpha[:, None] + p
+
+    vptr = vw_ptr + page * stride_vw_p + h * stride_vw_h + (off // BLOCK_T) * stride_vw_t
+    v_codes = _load_tile(vptr, magic, D, BLOCK_T, BITS, WARPS)  # [D, BLOCK_T]
+    vs = vs_ptr + page * stride_vs_p + h * stride_vs_h + (off + tt) * stride_vs_t
+    vz = vz_ptr + page * stride_vs_p + h * stride_vs_h + (off + tt) * stride_vs_t
+    if NGV == 1:
+        acc0, zacc0 = _v_group(acc0, zacc0, p, alpha, v_codes, vs, vz, valid, HALF, BLOCK_T)
+    else:
+        v0, v1 = tl.split(tl.permute(tl.reshape(v_codes, [2, G, BLOCK_T]), (1, 2, 0)))
+        acc0, zacc0 = _v_group(acc0, zacc0, p, alpha, v0, vs, vz, valid, HALF, BLOCK_T)
+        acc1, zacc1 = _v_group(acc1, zacc1, p, alpha, v1, vs + 1, vz + 1, valid, HALF, BLOCK_T)
+    return m_new, l_acc, acc0, acc1, zacc0, zacc1
+
+
+@triton.jit
+def _store_partial(mid_o_ptr, b, heads, split, stride_mo_b, stride_mo_h, stride_mo_s, out, col0, keep,
+                   X: tl.constexpr):
+    cols = col0 + tl.arange(0, X)
+    ptrs = mid_o_ptr + b * stride_mo_b + heads[:, None] * stride_mo_h + split * stride_mo_s + cols[None, :]
+    tl.store(ptrs, out, mask=keep[:, None])
+
+
+@triton.jit
+def _store_lse(mid_lse_ptr, b, heads, split, stride_ml_b, stride_ml_h, m, l, keep):
+    lse = tl.where(l > 0.0, m + tl.log2(tl.where(l > 0.0, l, 1.0)), float("-inf"))
+    tl.store(mid_lse_ptr + b * stride_ml_b + heads * stride_ml_h + split, lse, mask=keep)
+
+
+@triton.jit
+def _code_partial(
+    q_ptr, stride_qb, stride_qh, kw_ptr, stride_kw_p, stride_kw_h, stride_kw_t,
+    ks_ptr, kz_ptr, stride_ks_p, stride_ks_h, stride_ks_g, vw_ptr, stride_vw_p, stride_vw_h, stride_vw_t,
+    vs_ptr, vz_ptr, stride_vs_p, stride_vs_h, stride_vs_t, bt_ptr, stride_bt_b,
+    mid_o_ptr, mid_lse_ptr, stride_mo_b, stride_mo_h, stride_mo_s, stride_ml_b, stride_ml_h,
+    b, h, split, code_len, qk_scale, page_size, tiles_per_split, magic,
+    GROUP: tl.constexpr, M: tl.constexpr, D: tl.constexpr, G: tl.constexpr, BITS: tl.constexpr,
+    BLOCK_T: tl.constexpr, WARPS: tl.constexpr, INTERPRET: tl.constexpr,
+):
+    """Attend the split's tiles of quantized tokens and store its partial output and lse."""
+    NGV: tl.constexpr = D // G
+    HALF: tl.constexpr = M // 2
+    G1: tl.constexpr = G if NGV == 2 else 16  # second channel group's accumulator (unused when NGV = 1)
+    T1: tl.constexpr = BLOCK_T if NGV == 2 else 16
+    d = tl.arange(0, D)
+    rows = tl.arange(0, M)  # head r % HALF; rows >= HALF carry the lo parts
+    q = tl.load(q_ptr + b * stride_qb + (h * GROUP + rows % HALF)[:, None] * stride_qh + d[None, :],
+                mask=(rows % HALF < GROUP)[:, None], other=0.0)
+    q32 = q.to(tl.float32) * qk_scale
+    m = tl.full([HALF], float("-inf"), tl.float32)
+    l_acc = tl.zeros([HALF, BLOCK_T], tl.float32)
+    acc0 = tl.zeros([M, G], tl.float32)
+    zacc0 = tl.zeros([HALF, BLOCK_T], tl.float32)
+    acc1 = tl.zeros([M, G1], tl.float32)
+    zacc1 = tl.zeros([HALF, T1], tl.float32)
+    t_begin = split * tiles_per_split
+    t_end = tl.minimum(t_begin + tiles_per_split, (code_len + BLOCK_T - 1) // BLOCK_T)
+    if INTERPRET:  # the interpreter cannot run range() over run-time bounds
+        tile = t_begin
+        while tile < t_end:
+            m, l_acc, acc0, acc1, zacc0, zacc1 = _code_tile(
+                m, l_acc, acc0, acc1, zacc0, zacc1, q32, rows >= HALF, b, h, tile, code_len, magic,
+                kw_ptr, stride_kw_p, stride_kw_h, stride_kw_t, ks_ptr, kz_ptr, stride_ks_p, stride_ks_h,
+                stride_ks_g, vw_ptr, stride_vw_p, stride_vw_h, stride_vw_t, vs_ptr, vz_ptr, stride_vs_p,
+                stride_vs_h, stride_vs_t, bt_ptr, stride_bt_b, page_size, HALF, D, G, BITS, BLOCK_T, WARPS)
+            tile += 1
+    else:
+        for tile in range(t_begin, t_end):
+            m, l_acc, acc0, acc1, zacc0, zacc1 = _code_tile(
+                m, l_acc, acc0, acc1, zacc0, zacc1, q32, rows >= HALF, b, h, tile, code_len, magic,
+                kw_ptr, stride_kw_p, stride_kw_h, stride_kw_t, ks_ptr, kz_ptr, stride_ks_p, stride_ks_h,
+                stride_ks_g, vw_ptr, stride_vw_p, stride_vw_h, stride_vw_t, vs_ptr, vz_ptr, stride_vs_p,
+                stride_vs_h, stride_vs_t, bt_ptr, stride_bt_b, page_size, HALF, D, G, BITS, BLOCK_T, WARPS)
+    l = tl.sum(l_acc, 1)
+    inv = 1.0 / tl.where(l > 0.0, l, 1.0)
+    heads = tl.arange(0, HALF)
+    out0 = tl.sum(tl.reshape(acc0, [2, HALF, G]), 0) - tl.sum(zacc0, 1)[:, None]
+    _store_partial(mid_o_ptr, b, h * GROUP + heads, split, stride_mo_b, stride_mo_h, stride_mo_s,
+                   out0 * inv[:, None], 0, heads < GROUP, G)
+    if NGV == 2:
+        out1 = tl.sum(tl.reshape(acc1, [2, HALF, G]), 0) - tl.sum(zacc1, 1)[:, None]
+        _store_partial(mid_o_ptr, b, h * GROUP + heads, split, stride_mo_b, stride_mo_h, stride_mo_s,
+                       out1 * inv[:, None], G, heads < GROUP, G)
+    _store_lse(mid_lse_ptr, b, h * GROUP + heads, split, stride_ml_b, stride_ml_h, m, l, heads < GROUP)
+
+
+@triton.jit
+def _residual_partial(
+    q_ptr, stride_qb, stride_qh, kr_ptr, vr_ptr, stride_r_b, stride_r_h, stride_r_t,
+    mid_o_ptr, mid_lse_ptr, stride_mo_b, stride_mo_h, stride_mo_s, stride_ml_b, stride_ml_h,
+    b, h, split, res_len, qk_scale, GROUP: tl.constexpr, M: tl.constexpr, D: tl.constexpr, G: tl.constexpr,
+    INTERPRET: tl.constexpr,
+):
+    """Attend the fp residual window, 16 tokens at a time, and store its partial. The products
+    run in q's dtype on the tensor cores (fp32 in the interpreter, whose bf16 arithmetic is off)."""
+    HALF: tl.constexpr = M // 2
+    DOT: tl.constexpr = tl.float32 if INTERPRET else q_ptr.dtype.element_ty
+    d = tl.arange(0, D)
+    MR: tl.constexpr = 16 if HALF < 16 else HALF
+    heads = tl.arange(0, MR)
+    q = tl.load(q_ptr + b * stride_qb + (h * GROUP + heads)[:, None] * stride_qh + d[None, :],
+                mask=(heads < GROUP)[:, None], other=0.0).to(DOT)
+    m = tl.full([MR], float("-inf"), tl.float32)
+    l = tl.zeros([MR], tl.float32)
+    acc = tl.zeros([MR, D], tl.float32)
+    if res_len > 0:  # the fp window, in fp32, 16 tokens at a time
+        for c in tl.static_range(G // 16):
+            r = c * 16 + tl.arange(0, 16)
+            ok = r < res_len
+            rbase = b * stride_r_b + h * stride_r_h + r[:, None] * stride_r_t + d[None, :]
+            k_res = tl.load(kr_ptr + rbase, mask=ok[:, None], other=0.0).to(DOT)
+            v_res = tl.load(vr_ptr + rbase, mask=ok[:, None], other=0.0).to(DOT)
+            qk = tl.dot(q, tl.trans(k_res)) * qk_scale
+            m, l, acc = _online_update(m, l, acc, qk, v_res, ok)
+    _store_partial(mid_o_ptr, b, h * GROUP + heads, split, stride_mo_b, stride_mo_h, stride_mo_s,
+                   acc / tl.where(l > 0.0, l, 1.0)[:, None], 0, heads < GROUP, D)
+    _store_lse(mid_lse_ptr, b, h * GROUP + heads, split, stride_ml_b, stride_ml_h, m, l, heads < GROUP)
+
+
+@triton.jit
+def _decode_split_kernel(
+    q_ptr, stride_qb, stride_qh,
+    kw_ptr, stride_kw_p, stride_kw_h, stride_kw_t,
+    ks_ptr, kz_ptr, stride_ks_p, stride_ks_h, stride_ks_g,
+    vw_ptr, stride_vw_p, stride_vw_h, stride_vw_t,
+    vs_ptr, vz_ptr, stride_vs_p, stride_vs_h, stride_vs_t,
+    kr_ptr, vr_ptr, stride_r_b, stride_r_h, stride_r_t,
+    bt_ptr, stride_bt_b,
+    lens_ptr, cache_lens_ptr,
+    mid_o_ptr, mid_lse_ptr, stride_mo_b, stride_mo_h, stride_mo_s, stride_ml_b, stride_ml_h,
+    qk_scale, page_size, num_splits, tiles_per_split, magic,
+    GROUP: tl.constexpr, M: tl.constexpr, D: tl.constexpr, G: tl.constexpr, BITS: tl.constexpr,
+    BLOCK_T: tl.constexpr, WARPS: tl.constexpr, INTERPRET: tl.constexpr,
+):
+    """Partial attention of one split of one (sequence, kv head).
+
+    q [B, Hq, D] fp16/bf16; k_words, v_words int32 [NP, H, P/BLOCK_T, W] (tiles, kernels.paged);
+    k_scale/k_zero [NP, H, P/G, D]; v_scale/v_zero [NP, H, P, D/G]; k/v_residual [B, H, G, D];
+    block_table int32 [B, pages]; lens, cache_lens int32 [B] (attended length, cache length);
+    magic = 0x64006400. Writes mid_o fp32 [B, Hq, splits+1, D] (normalized) and mid_lse fp32
+    [B, Hq, splits+1] (log2-sum-exp, -inf when the split is empty). Program ``splits`` attends
+    the residual window.
+    """
+    split = tl.program_id(0)
+    h = tl.program_id(1)
+    b = tl.program_id(2).to(tl.int64)
+    length = tl.load(lens_ptr + b)
+    cached = tl.load(cache_lens_ptr + b)
+    code_len = tl.minimum(length, (cached // G) * G)
+    if split < num_splits:
+        _code_partial(
+            q_ptr, stride_qb, stride_qh, kw_ptr, stride_kw_p, stride_kw_h, stride_kw_t,
+            ks_ptr, kz_ptr, stride_ks_p, stride_ks_h, stride_ks_g, vw_ptr, stride_vw_p, stride_vw_h, stride_vw_t,
+            vs_ptr, vz_ptr, stride_vs_p, stride_vs_h, stride_vs_t, bt_ptr, stride_bt_b,
+            mid_o_ptr, mid_lse_ptr, stride_mo_b, stride_mo_h, stride_mo_s, stride_ml_b, stride_ml_h,
+            b, h, split, code_len, qk_scale, page_size, tiles_per_split, magic,
+            GROUP, M, D, G, BITS, BLOCK_T, WARPS, INTERPRET)
+    else:
+        _residual_partial(
+            q_ptr, stride_qb, stride_qh, kr_ptr, vr_ptr, stride_r_b, stride_r_h, stride_r_t,
+            mid_o_ptr, mid_lse_ptr, stride_mo_b, stride_mo_h, stride_mo_s, stride_ml_b, stride_ml_h,
+            b, h, split, length - code_len, qk_scale, GROUP, M, D, G, INTERPRET)
+
+
+@triton.jit
+def _decode_merge_kernel(
+    mid_o_ptr, mid_lse_ptr, out_ptr,
+    stride_mo_b, stride_mo_h, stride_mo_s, stride_ml_b, stride_ml_h, stride_ob, stride_oh,
+    num_parts,
+    D: tl.constexpr, PARTS: tl.constexpr,
+):
+    """out[b, h] = sum_s 2^(lse_s - max) o_s / sum_s 2^(lse_s - max) over the splits.
+
+    mid_o fp32 [B, Hq, parts, D], mid_lse fp32 [B, Hq, parts]; out [B, Hq, D] (q dtype).
+    """
+    h = tl.program_id(0)
+    b = tl.program_id(1).to(tl.int64)
+    s = tl.arange(0, PARTS)
+    d = tl.arange(0, D)
+    ok = s < num_parts
+    lse = tl.load(mid_lse_ptr + b * stride_ml_b + h * stride_ml_h + s, mask=ok, other=float("-inf"))
+    w = tl.exp2(lse - tl.max(lse, 0))
+    o = tl.load(mid_o_ptr + b * stride_mo_b + h * stride_mo_h + s[:, None] * stride_mo_s + d[None, :],
+                mask=ok[:, None], other=0.0)
+    out = tl.sum(w[:, None] * o, 0) / tl.sum(w, 0)
+    tl.store(out_ptr + b * stride_ob + h * stride_oh + d, out.to(out_ptr.dtype.element_ty))
+
+
+# ----------------------------------------------------------------------------- launch
+_HOST_VALUES: dict[int, tuple] = {}
+
+
+def _host_values(t: torch.Tensor) -> list[int]:
+    """Host copy of a small int tensor, cached per tensor object and version (no sync on reuse)."""
+    hit = _HOST_VALUES.get(id(t))
+    if hit is not None and hit[0]() is t and hit[1] == t._version:
+        return hit[2]
+    if len(_HOST_VALUES) > 256:
+        for key in [k for k, v in _HOST_VALUES.items() if v[0]() is None]:
+            del _HOST_VALUES[key]
+    values = [int(x) for x in t.tolist()]
+    _HOST_VALUES[id(t)] = (weakref.ref(t), t._version, values)
+    return values
+
+
+def _sm_count(device: torch.device) -> int:
+    if device.type == "cuda":
+        return torch.cuda.get_device_properties(device).multi_processor_count
+    return 2  # the interpreter: a few programs keep CPU runs short
+
+
+def split_plan(batch: int, kv_heads: int, max_code_len: int, block_t: int, device: torch.device,
+               num_splits: int | None = None) -> tuple[int, int]:
+    """(splits, tiles per split) so that batch * kv_heads * splits programs fill the GPU."""
+    tiles = -(-max_code_len // block_t)
+    if tiles == 0:
+        return 0, 1
+    if num_splits is None:
+        target = SPLIT_PROGRAMS_PER_SM * _sm_count(device)
+        num_splits = -(-target // (batch * kv_heads))
+    num_splits = max(1, min(tiles, num_splits))
+    per = -(-tiles // num_splits)
+    return -(-tiles // per), per
+
+
+def _triton_decode(q, view: PagedQuantizedKV, lens, cache_lens, max_code_len, sm_scale, num_splits, out):
+    batch, hq, d = q.shape
+    hkv, g = view.heads, view.group_size
+    group = hq // hkv
+    block_t = view.tile
+    splits, per = split_plan(batch, hkv, max_code_len, block_t, q.device, num_splits)
+    parts = splits + 1
+    mid_o = torch.empty(batch, hq, parts, d, dtype=torch.float32, device=q.device)
+    mid_lse = torch.empty(batch, hq, parts, dtype=torch.float32, device=q.device)
+    if triton_interpreted():
+        mid_o.fill_(float("nan"))
+        mid_lse.fill_(float("nan"))
+    kr, vr = view.k_residual, view.v_residual
+    _decode_split_kernel[(parts, hkv, batch)](
+        q, q.stride(0), q.stride(1),
+        view.k_words, *view.k_words.stride()[:3],
+        view.k_scale, view.k_zero, *view.k_scale.stride()[:3],
+        view.v_words, *view.v_words.stride()[:3],
+        view.v_scale, view.v_zero, *view.v_scale.stride()[:3],
+        kr, vr, *kr.stride()[:3],
+        view.block_table, view.block_table.stride(0),
+        lens, cache_lens,
+        mid_o, mid_lse, *mid_o.stride()[:3], *mid_lse.stride()[:2],
+        sm_scale * LOG2E, view.page_size, splits, per, MAGIC_PAIR,
+        GROUP=group, M=2 * max(8, triton.next_power_of_2(group)), D=d, G=g, BITS=view.bits,
+        BLOCK_T=block_t, WARPS=view.warps, INTERPRET=triton_interpreted(),
+        num_warps=view.warps,
+    )
+    _decode_merge_kernel[(hq, batch)](
+        mid_o, mid_lse, out, *mid_o.stride()[:3], *mid_lse.stride()[:2], out.stride(0), out.stride(1),
+        parts, D=d, PARTS=triton.next_power_of_2(parts), num_warps=4,
+    )
+    return out
+
+
+# ----------------------------------------------------------------------------- public API
+def _check_inputs(q, cache, seq_lens, sm_scale, out):
+    require_tensor("q", q)
+    require_dtype("q", q, Q_DTYPES)
+    require_rank("q", q, 3)
+    if not isinstance(cache, (QuantizedKV, PagedQuantizedKV)):
+        raise TypeError(f"cache must be a QuantizedKV or PagedQuantizedKV; got {type(cache).__name__}")
+    batch, hq, d = q.shape
+    if batch != cache.batch:
+        raise ValueError(f"q has batch {batch} but the cache holds {cache.batch} sequences")
+    if d != cache.head_dim:
+        raise ValueError(f"q has head_dim {d} but the cache has head_dim {cache.head_dim}")
+    if hq == 0 or hq % cache.heads:
+        raise ValueError(
+            f"q heads ({hq}) must be a positive multiple of the cache's kv heads ({cache.heads}) for GQA"
+        )
+    require_same_device(q=q, cache=cache.k_residual)
+    lens_t = cache.seq_lens
+    if seq_lens is not None:
+        require_tensor("seq_lens", seq_lens)
+        require_dtype("seq_lens", seq_lens, (torch.int32, torch.int64))
+        require_rank("seq_lens", seq_lens, 1)
+        if seq_lens.shape[0] != batch:
+            raise ValueError(f"seq_lens must have shape [{batch}]; got {tuple(seq_lens.shape)}")
+        require_same_device(q=q, seq_lens=seq_lens)
+        lens_t = seq_lens
+    lens = _host_values(lens_t)
+    held = _host_values(cache.seq_lens)
+    for i, (n, cap) in enumerate(zip(lens, held, strict=True)):
+        if n < 1 or n > cap:
+            what = "seq_lens" if seq_lens is not None else "cache.seq_lens"
+            raise ValueError(f"{what}[{i}] = {n} must be in [1, {cap}] (the tokens the cache holds)")
+    if sm_scale is not None:
+        if isinstance(sm_scale, bool) or not isinstance(sm_scale, (int, float)):
+            raise TypeError(f"sm_scale must be a float; got {type(sm_scale).__name__}")
+        if not math.isfinite(sm_scale) or sm_scale <= 0:
+            raise ValueError(f"sm_scale must be a positive finite float; got {sm_scale}")
+    if out is not None:
+        require_tensor("out", out)
+        if out.shape != q.shape or out.dtype != q.dtype or out.device != q.device:
+            raise ValueError(
+                f"out must match q (shape {tuple(q.shape)}, {q.dtype}, {q.device}); "
+                f"got {tuple(out.shape)}, {out.dtype}, {out.device}"
+            )
+    return lens_t, lens, held
+
+
+def decode_attention(
+    q: torch.Tensor,
+    cache,
+    *,
+    seq_lens: torch.Tensor | None = None,
+    sm_scale: float | None = None,
+    backend: str | None = None,
+    num_splits: int | None = None,
+    out: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """Fused decode attention of one query token per sequence over a low-bit KV cache.
+
+    q: fp16 / bf16 [B, Hq, D]. cache: :class:`QuantizedKV` or :class:`PagedQuantizedKV`
+    with Hkv heads, ``Hq % Hkv == 0``. seq_lens: int32/int64 [B] tokens to attend per
+    sequence (default ``cache.seq_lens``; each in [1, cache.seq_lens]). sm_scale:
+    default ``1/sqrt(D)``. backend: ``"torch"`` (dequantize, then attention in fp32;
+    any device) or ``"triton"`` (fused split-KV kernel; bits 2/3/4, D 64/128/256);
+    ``None`` picks Triton on a GPU. num_splits: override the split count (Triton).
+    out: optional [B, Hq, D] output buffer. Returns [B, Hq, D] in q's dtype.
+    """
+    lens_t, lens, held = _check_inputs(q, cache, seq_lens, sm_scale, out)
+    backend = resolve_backend(backend, q.device, BACKENDS)
+    d = q.shape[-1]
+    if sm_scale is None:
+        sm_scale = 1.0 / math.sqrt(d)
+    if out is None:
+        out = torch.empty_like(q)
+    if backend == "torch":
+        out.copy_(reference_decode(q, cache, seq_lens=lens_t, sm_scale=sm_scale, dtype=torch.float32))
+        return out
+    if cache.bits not in DECODE_BITS:
+        raise ValueError(f"backend='triton' serves cache bits {DECODE_BITS}; got {cache.bits} (use 'torch')")
+    if d not in DECODE_HEAD_DIMS:
+        raise ValueError(f"backend='triton' serves head_dim {DECODE_HEAD_DIMS}; got {d} (use 'torch')")
+    if d // cache.group_size > 2:
+        raise ValueError(f"backend='triton' serves head_dim / group_size <= 2 (V scale groups per token); "
+                         f"got head_dim {d}, group_size {cache.group_size} (use 'torch')")
+    if num_splits is not None and (isinstance(num_splits, bool) or not isinstance(num_splits, int)
+                                   or num_splits < 1):
+        raise ValueError(f"num_splits must be a positive int; got {num_splits!r}")
+    view = cache if isinstance(cache, PagedQuantizedKV) else decode_view(cache)
+    g = cache.group_size
+    max_code = max(min(n, c // g * g) for n, c in zip(lens, held, strict=True))
+    lens32 = lens_t if lens_t.dtype == torch.int32 else lens_t.to(torch.int32)
+    return _triton_decode(q, view, lens32.contiguous(), cache.seq_lens, max_code, sm_scale, num_splits, out)
+
+
+# ----------------------------------------------------------------------------- AOT specializations
+def _split_signature(q_type: str, res_type: str, scale_type: str) -> dict:
+    sig = {"q_ptr": q_type, "stride_qb": "i32", "stride_qh": "i32",
+           "kw_ptr": "*i32", "stride_kw_p": "i64", "stride_kw_h": "i32", "stride_kw_t": "i32",
+           "ks_ptr": scale_type, "kz_ptr": scale_type, "stride_ks_p": "i64", "stride_ks_h": "i32",
+           "stride_ks_g": "i32",
+           "vw_ptr": "*i32", "stride_vw_p": "i64", "stride_vw_h": "i32", "stride_vw_t": "i32",
+           "vs_ptr": scale_type, "vz_ptr": scale_type, "stride_vs_p": "i64", "stride_vs_h": "i32",
+           "stride_vs_t": "i32",
+           "kr_ptr": res_type, "vr_ptr": res_type, "stride_r_b": "i32", "stride_r_h": "i32", "stride_r_t": "i32",
+           "bt_ptr": "*i32", "stride_bt_b": "i32", "lens_ptr": "*i32", "cache_lens_ptr": "*i32",
+           "mid_o_ptr": "*fp32", "mid_lse_ptr": "*fp32", "stride_mo_b": "i32", "stride_mo_h": "i32",
+           "stride_mo_s": "i32", "stride_ml_b": "i32", "stride_ml_h": "i32",
+           "qk_scale": "fp32", "page_size": "i32", "num_splits": "i32", "tiles_per_split": "i32", "magic": "i32"}
+    return sig
+
+
+def split_spec(dtype: str = "fp16", d: int = 128, bits: int = 3, g: int = 64, group: int = 1,
+               tile: int = DEFAULT_TILE, warps: int = DEFAULT_WARPS) -> AotSpec:
+    """One specialization of the split kernel, for ahead-of-time compilation."""
+    return AotSpec(
+        f"decode_split_{dtype}_d{d}_b{bits}_g{g}_gqa{group}_t{tile}w{warps}", _decode_split_kernel,
+        _split_signature(f"*{dtype}", f"*{dtype}", "*fp16"),
+        {"GROUP": group, "M": 2 * max(8, triton.next_power_of_2(group)), "D": d, "G": g, "BITS": bits,
+         "BLOCK_T": tile, "WARPS": warps, "INTERPRET": False},
+        num_warps=warps,
+    )
+
+
+def _aot_specs() -> list[AotSpec]:
+    specs = [split_spec(**case) for case in (
+        {}, {"group": 4}, {"group": 8}, {"d": 64}, {"d": 256}, {"bits": 2}, {"bits": 4}, {"g": 32}, {"g": 128},
+        {"dtype": "bf16", "group": 4}, {"tile": 64, "warps": 4}, {"tile": 32, "warps": 1}, {"tile": 16, "warps": 1},
+        {"tile": 32, "warps": 2}, {"tile": 32, "warps": 4}, {"tile": 64, "warps": 2},
+    )]
+    for dtype in ("fp16", "bf16"):
+        specs.append(AotSpec(
+            f"decode_merge_{dtype}_d128", _decode_merge_kernel,
+            {"mid_o_ptr": "*fp32", "mid_lse_ptr": "*fp32", "out_ptr": f"*{dtype}", "stride_mo_b": "i32",
+             "stride_mo_h": "i32", "stride_mo_s": "i32", "stride_ml_b": "i32", "stride_ml_h": "i32",
+             "stride_ob": "i32", "stride_oh": "i32", "num_parts": "i32"},
+            {"D": 128, "PARTS": 32}, num_warps=4,
+        ))
+    names = [spec.name for spec in specs]
+    return [spec for i, spec in enumerate(specs) if spec.name not in names[:i]]
+
+
+AOT_SPECS = _aot_specs()

@@ -1,0 +1,542 @@
+"""The paged cache that the fused decode kernel reads, and its bijection with :class:`QuantizedKV`.
+
+Two rearrangements of the same codes, both invertible and tested against the
+canonical format (DESIGN section 3):
+
+**Decode tile arrangement.** The canonical stream packs value i of a row at bits
+[b*i, b*i + b). The kernel instead reads tiles of ``tile`` tokens (16, 32 or 64), and
+every one of its 32 * ``warps`` threads loads, with one coalesced 32-bit load per word, exactly the
+words whose values form its own tensor-core operand fragment: no shuffles, no
+shared-memory round trip between the load and the dot. Two ideas:
+
+* pairs: a 32-value group lives in ``bits`` words ("planes") so that
+  ``(w >> s) & 0x00070007 | 0x64006400`` yields two fp16 numbers (1024 + code) in
+  one register, already in the operand's register pairs. For bits 2 and 4, plane k
+  holds 16/b pairs at bits [b*j, b*j + b) and [16 + b*j, ...); for bits 3, planes
+  0..2 hold 4 pairs each at bits [3j, 3j+3) and [16+3j, ...), and the other 4 pairs
+  are spread over the spare bits 12..15 and 28..31 of the three planes.
+* fragments: a tile is a matrix [N, K] (K: the reduction axis of its product; K
+  tiles are [64 tokens, D], V tiles [D, 64 tokens]). In the operand layout of an
+  m16n8k16 MMA with 4 warps, thread ``T = k2 + 2 k3 + 4 n0 + 8 n1 + 16 n2 + 32 n3 + 64 n4``
+  (bits of the row n and column k; with fewer warps the n bits move up) holds the
+  K*N/(32*warps) values whose remaining bits vary; these are its groups of 32. In the
+  kernel this is a reshape of the unpacked [T, groups * 32] tensor to
+  [8*warps, 4, N/(8*warps), K/16, 4], a permutation (2, 0, 3, 1, 4) and a reshape to
+  [N, K] (:func:`unpack_tile`, the kernel's twin in torch).
+
+Words of one tile are stored ``[group, plane, thread]`` (thread fastest), so each
+load instruction of a warp reads 128 contiguous bytes. :func:`decode_bit_table` and
+:func:`unpack_tile` are the single definition; the packer is their inverse.
+
+**Paged pool.** Fixed-size pages of ``page_size`` tokens (a multiple of the tile and
+of the group size G), shared by all sequences through a block table, as vLLM and
+FlashInfer do. With ``NP`` pages, H kv heads, head_dim D, P = page_size, tile t and
+W = t * D * bits / 32 words per tile::
+
+    k_words   int32 [NP, H, P/t, W]             K tiles [t tokens, D]
+    k_scale   sdt   [NP, H, P/G, D]             K per channel, groups of G tokens
+    k_zero    sdt   [NP, H, P/G, D]
+    v_words   int32 [NP, H, P/t, W]             V tiles [D, t tokens]
+    v_scale   sdt   [NP, H, P, D/G]             V per token, groups of G channels
+    v_zero    sdt   [NP, H, P, D/G]
+    k_residual, v_residual  dt [B, H, G, D]     the unquantized window, per sequence
+    block_table int32 [B, max_pages]            token t of sequence i: page
+                                                block_table[i, t // P], row t % P
+    seq_lens  int32 [B]
+
+A contiguous :class:`QuantizedKV` is the special case of one page per sequence
+(``page_size`` = the capacity, block table ``[[0], [1], ...]``); when the capacity
+is a multiple of the tile its scale tensors are used as they are, without a
+copy (:func:`decode_view`).
+"""
+
+from __future__ import annotations
+
+import functools
+import weakref
+from dataclasses import dataclass
+
+import torch
+
+from ._checks import require_int, require_tensor
+from .kv_cache import QuantizedKV
+from .packing import pack_bits, unpack_bits
+
+DECODE_BITS = (2, 3, 4)
+DECODE_HEAD_DIMS = (64, 128, 256)
+TILES = (16, 32, 64)  # tokens per tile
+WARPS = (1, 2, 4)  # warps of the kernel program the arrangement is made for
+DEFAULT_TILE, DEFAULT_WARPS = 64, 4
+
+
+# ----------------------------------------------------------------------------- tile arrangement
+def _field(w: torch.Tensor, shift: int, field: int) -> torch.Tensor:
+    return (w >> shift) & field
+
+
+def _join(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    return torch.stack([a, b], dim=-1)  # tl.join
+
+
+def _join4(w: torch.Tensor, start: int, step: int, field: int) -> torch.Tensor:
+    return _join(_join(_field(w, start, field), _field(w, start + step, field)),
+                 _join(_field(w, start + 2 * step, field), _field(w, start + 3 * step, field)))
+
+
+def _spare(w0, w1, w2, j: int) -> torch.Tensor:
+    return ((w0 >> (12 + j)) & 0x00010001) | ((w1 >> (11 + j)) & 0x00020002) | ((w2 >> (10 + j)) & 0x00040004)
+
+
+def unpack_group(planes: list[torch.Tensor], bits: int) -> torch.Tensor:
+    """The kernel's in-register unpacking, in torch: ``bits`` int64 word tensors [X]
+    (values in [0, 2^32)) -> codes [X, 32]. Mirrors ``kernels.decode._unpack_group``."""
+    if bits == 2:
+        f = 0x00030003
+        w0, w1 = planes
+        pairs = _join(_join(_join4(w0, 0, 2, f), _join4(w0, 8, 2, f)), _join(_join4(w1, 0, 2, f), _join4(w1, 8, 2, f)))
+    else:
+        f = ((1 << bits) - 1) * 0x10001
+        w0, w1, w2 = planes[:3]
+        if bits == 3:
+            last = _join(_join(_spare(w0, w1, w2, 0), _spare(w0, w1, w2, 1)),
+                         _join(_spare(w0, w1, w2, 2), _spare(w0, w1, w2, 3)))
+        else:
+            last = _join4(planes[3], 0, 4, f)
+        pairs = _join(_join(_join4(w0, 0, bits, f), _join4(w1, 0, bits, f)), _join(_join4(w2, 0, bits, f), last))
+    halves = _join(pairs & 0xFFFF, pairs >> 16)
+    return halves.reshape(*planes[0].shape, 32)
+
+
+def _join_groups(words: torch.Tensor) -> torch.Tensor:
+    """[..., NRG, T] -> [..., T, NRG] in the kernel's join order (mirrors _load_plane)."""
+    nrg = words.shape[-2]
+    if nrg == 1:
+        return words[..., 0, :, None]
+    halves = [_join_groups(words[..., i * nrg // 2:(i + 1) * nrg // 2, :]) for i in range(2)]
+    return _join(halves[0], halves[1]).flatten(-2)
+
+
+def tile_shape(role: str, d: int, tile: int) -> tuple[int, int]:
+    """[N, K] of a tile: K tiles are [tile tokens, D], V tiles [D, tile tokens]."""
+    return (tile, d) if role == "k" else (d, tile)
+
+
+def groups_per_thread(n: int, k: int, warps: int) -> int:
+    return n * k // (32 * warps * 32)
+
+
+def check_arrangement(d: int, tile: int, warps: int) -> None:
+    """Raise ValueError unless (head_dim, tile, warps) has an arrangement (1 to 8 groups per thread)."""
+    if d not in DECODE_HEAD_DIMS or tile not in TILES or warps not in WARPS:
+        raise ValueError(f"head_dim, tile and warps must be in {DECODE_HEAD_DIMS}, {TILES}, {WARPS}; "
+                         f"got {d}, {tile}, {warps}")
+    for role in ("k", "v"):
+        n, k = tile_shape(role, d, tile)
+        nrg = groups_per_thread(n, k, warps)
+        if n < 8 * warps or not 1 <= nrg <= 8:
+            raise ValueError(f"tile={tile}, warps={warps} does not fit head_dim {d} "
+                             f"({nrg} groups of 32 values per thread; 1 to 8 are served)")
+
+
+def default_layout(d: int, group_size: int) -> tuple[int, int]:
+    """(tile, warps) the kernel uses for head_dim d and group size G: the largest tile that
+    stays inside one K scale group, with as many warps (up to DEFAULT_WARPS) as it fits."""
+    tile = min(DEFAULT_TILE, group_size)
+    for warps in (w for w in sorted(WARPS, reverse=True) if w <= DEFAULT_WARPS):
+        try:
+            check_arrangement(d, tile, warps)
+        except ValueError:
+            continue
+        return tile, warps
+    raise ValueError(f"no decode arrangement for head_dim {d} and group size {group_size}")
+
+
+def _place(x: torch.Tensor, n: int, k: int, warps: int) -> torch.Tensor:
+    """[..., T, NRG*32] per-thread values -> [..., N, K] (mirrors _load_tile in the kernel)."""
+    lead = x.shape[:-2]
+    y = x.reshape(*lead, 8 * warps, 4, n // (8 * warps), k // 16, 4)
+    nd = len(lead)
+    y = y.permute(*range(nd), nd + 2, nd + 0, nd + 3, nd + 1, nd + 4)
+    return y.reshape(*lead, n, k)
+
+
+def unpack_tile(words: torch.Tensor, bits: int, role: str, d: int, tile: int = DEFAULT_TILE,
+                warps: int = DEFAULT_WARPS) -> torch.Tensor:
+    """Decode-arranged words int32 [..., W] of tiles -> codes uint8 [..., N, K] (the kernel's twin)."""
+    n, k = tile_shape(role, d, tile)
+    threads = 32 * warps
+    nrg = groups_per_thread(n, k, warps)
+    w = words.to(torch.int64).reshape(*words.shape[:-1], nrg, bits, threads) & 0xFFFFFFFF
+    planes = [_join_groups(w[..., :, p, :]) for p in range(bits)]  # each [..., T, NRG]
+    vals = unpack_group(planes, bits)  # [..., T, NRG, 32]
+    return _place(vals.flatten(-2), n, k, warps).to(torch.uint8)
+
+
+@functools.cache
+def decode_bit_table(bits: int) -> tuple[tuple[int, int], ...]:
+    """Where each bit of a 32-value group lives: entry ``plane * 32 + position`` is
+    ``(value index, bit of that value)``, found by probing :func:`unpack_group`."""
+    require_int("bits", bits, DECODE_BITS)
+    probes = torch.zeros(bits, bits * 32, dtype=torch.int64)
+    for plane in range(bits):
+        probes[plane, plane * 32:(plane + 1) * 32] = 1 << torch.arange(32)
+    out = unpack_group([probes[p] for p in range(bits)], bits)  # [bits*32 probes, 32 values]
+    table = []
+    for probe in range(bits * 32):
+        hits = out[probe].nonzero().flatten().tolist()
+        assert len(hits) == 1, "each bit must land in exactly one value"
+        value = hits[0]
+        bit = int(out[probe, value]).bit_length() - 1
+        assert int(out[probe, value]) == 1 << bit
+        table.append((value, bit))
+    assert len(set(table)) == bits * 32
+    return tuple(table)
+
+
+@functools.cache
+def _pack_plan(bits: int, role: str, d: int, tile: int, warps: int, device: torch.device):
+    """Index tensors that turn a tile [N, K] into words [W] (the inverse of unpack_tile)."""
+    n, k = tile_shape(role, d, tile)
+    threads = 32 * warps
+    nrg = groups_per_thread(n, k, warps)
+    # flat (thread, joined group position, value) index of every tile element
+    where = _place(torch.arange(threads * nrg * 32).reshape(threads, nrg * 32), n, k, warps).flatten()
+    order = torch.empty_like(where)
+    order[where] = torch.arange(n * k)  # order[(t, f, v)] = tile element
+    groups = _join_groups(torch.arange(nrg).reshape(nrg, 1).expand(nrg, threads))[0]  # f -> memory group
+    per_f = order.reshape(threads, nrg, 32)
+    per_g = torch.empty_like(per_f)
+    per_g[:, groups] = per_f
+    table = decode_bit_table(bits)
+    value = torch.tensor([v for v, _ in table])
+    bit = torch.tensor([b for _, b in table])
+    src = per_g[:, :, value].reshape(threads, nrg, bits, 32).permute(1, 2, 0, 3)  # [nrg, bits, T, 32]
+    return src.reshape(-1, 32).to(device), bit.reshape(bits, 1, 32).expand(bits, threads, 32).to(device), nrg
+
+
+def pack_tile(codes: torch.Tensor, bits: int, role: str, d: int, tile: int = DEFAULT_TILE,
+              warps: int = DEFAULT_WARPS) -> torch.Tensor:
+    """Codes uint8 [..., N, K] of tiles -> decode-arranged words int32 [..., W]."""
+    src, bit, nrg = _pack_plan(bits, role, d, tile, warps, codes.device)
+    flat = codes.reshape(*codes.shape[:-2], -1).to(torch.int64)
+    picked = flat[..., src].reshape(*flat.shape[:-1], nrg, bits, 32 * warps, 32)
+    picked = (picked >> bit) & 1
+    words = (picked << torch.arange(32, device=codes.device)).sum(-1)
+    words = torch.where(words >= 2**31, words - 2**32, words).to(torch.int32)
+    return words.reshape(*flat.shape[:-1], -1)
+
+
+def _tiles(values: torch.Tensor, role: str, tile: int) -> torch.Tensor:
+    """Token-major values [..., T, D] (T a multiple of tile) -> tiles [..., T/tile, N, K]."""
+    *lead, t, d = values.shape
+    tiles = values.reshape(*lead, t // tile, tile, d)
+    return tiles if role == "k" else tiles.transpose(-1, -2)
+
+
+def _untile(tiles: torch.Tensor, role: str) -> torch.Tensor:
+    if role == "v":
+        tiles = tiles.transpose(-1, -2)
+    return tiles.flatten(-3, -2)
+
+
+def _chunk_values(device: torch.device) -> int:
+    """Values converted per step: bounds the int64 temporaries (larger on a GPU)."""
+    return 1 << (26 if device.type == "cuda" else 22)
+
+
+def _by_tiles(fn, x: torch.Tensor, rows: int, out_row: tuple, dtype: torch.dtype) -> torch.Tensor:
+    """Apply ``fn`` to x [..., R*rows, C] (R tiles of ``rows`` rows) in chunks of whole tiles."""
+    *lead, n, c = x.shape
+    tiles = x.reshape(-1, rows, c)
+    out = torch.empty(tiles.shape[0], *out_row, dtype=dtype, device=x.device)
+    step = max(1, _chunk_values(x.device) // (rows * c * 8))
+    for i in range(0, tiles.shape[0], step):
+        out[i:i + step] = fn(tiles[i:i + step])
+    return out.reshape(*lead, n // rows, *out_row)
+
+
+def words_from_codes(codes: torch.Tensor, bits: int, role: str, tile: int = DEFAULT_TILE,
+                     warps: int = DEFAULT_WARPS) -> torch.Tensor:
+    """Canonical codes uint8 [..., T, D*b/8] (T a multiple of tile) -> int32 [..., T/tile, W]."""
+    d = codes.shape[-1] * 8 // bits
+
+    def convert(chunk: torch.Tensor) -> torch.Tensor:  # [n, tile, D*b/8] -> [n, W]
+        values = unpack_bits(chunk.contiguous(), bits, layout="byte", backend="torch")
+        return pack_tile(_tiles(values, role, tile)[:, 0], bits, role, d, tile, warps)
+
+    return _by_tiles(convert, codes, tile, (tile * d * bits // 32,), torch.int32)
+
+
+def codes_from_words(words: torch.Tensor, bits: int, role: str, d: int, tile: int = DEFAULT_TILE,
+                     warps: int = DEFAULT_WARPS) -> torch.Tensor:
+    """The inverse of :func:`words_from_codes`: int32 [..., T/tile, W] -> uint8 [..., T, D*b/8]."""
+
+    def convert(chunk: torch.Tensor) -> torch.Tensor:  # [n, 1, W] -> [n, tile, D*b/8]
+        values = _untile(unpack_tile(chunk, bits, role, d, tile, warps), role)
+        return pack_bits(values.contiguous(), bits, layout="byte", backend="torch", validate=False)
+
+    out = _by_tiles(convert, words.unsqueeze(-2), 1, (tile, d * bits // 8), torch.uint8)
+    return out.reshape(*words.shape[:-2], words.shape[-2] * tile, d * bits // 8)
+
+
+# ----------------------------------------------------------------------------- paged cache
+@dataclass
+class PagedQuantizedKV:
+    """A paged, decode-arranged low-bit KV cache (layout in this module's docstring)."""
+
+    bits: int
+    group_size: int
+    page_size: int
+    tile: int
+    warps: int
+    k_words: torch.Tensor
+    k_scale: torch.Tensor
+    k_zero: torch.Tensor
+    v_words: torch.Tensor
+    v_scale: torch.Tensor
+    v_zero: torch.Tensor
+    k_residual: torch.Tensor
+    v_residual: torch.Tensor
+    block_table: torch.Tensor
+    seq_lens: torch.Tensor
+
+    @property
+    def batch(self) -> int:
+        return self.block_table.shape[0]
+
+    @property
+    def heads(self) -> int:
+        return self.k_words.shape[1]
+
+    @property
+    def head_dim(self) -> int:
+        return self.k_residual.shape[-1]
+
+    @property
+    def num_pages(self) -> int:
+        return self.k_words.shape[0]
+
+    @property
+    def device(self) -> torch.device:
+        return self.k_words.device
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.k_residual.dtype
+
+    @property
+    def scale_dtype(self) -> torch.dtype:
+        return self.k_scale.dtype
+
+    def quantized_lens(self) -> torch.Tensor:
+        return (self.seq_lens // self.group_size) * self.group_size
+
+    def residual_lens(self) -> torch.Tensor:
+        return self.seq_lens - self.quantized_lens()
+
+    def read_bytes(self, seq_lens: torch.Tensor | None = None) -> int:
+        """Fewest bytes a decode step must read from this cache: codes, scales and zeros of
+        every quantized token, and the used residual rows (q and the output excluded)."""
+        lens = self.seq_lens if seq_lens is None else seq_lens
+        qlen = torch.minimum(lens, self.quantized_lens()).to(torch.int64)
+        rlen = lens.to(torch.int64) - qlen
+        d, g, h = self.head_dim, self.group_size, self.heads
+        sdt = self.k_scale.element_size()
+        per_token = 2 * d * self.bits / 8 + 2 * sdt * (d / g) + 2 * sdt * (d / g)
+        residual = 2 * d * self.k_residual.element_size()
+        return int(h * (per_token * int(qlen.sum()) + residual * int(rlen.sum())))
+
+
+def _require_page_size(page_size: int, group_size: int, tile: int) -> None:
+    require_int("page_size", page_size)
+    unit = max(group_size, tile)
+    if page_size <= 0 or page_size % unit:
+        raise ValueError(
+            f"page_size must be a positive multiple of {unit} (the group size {group_size} and the "
+            f"{tile}-token tile); got {page_size}"
+        )
+
+
+def _require_cache(cache) -> None:
+    if not isinstance(cache, QuantizedKV):
+        raise TypeError(f"cache must be a QuantizedKV; got {type(cache).__name__}")
+    require_int("cache.bits", cache.bits, DECODE_BITS)
+    if cache.head_dim not in DECODE_HEAD_DIMS:
+        raise ValueError(f"cache.head_dim must be one of {DECODE_HEAD_DIMS} for the decode layout; "
+                         f"got {cache.head_dim}")
+
+
+def _pad_rows(x: torch.Tensor, rows: int) -> torch.Tensor:
+    extra = rows - x.shape[2]
+    return torch.nn.functional.pad(x, (0, 0) * (x.dim() - 3) + (0, extra)) if extra else x
+
+
+def paged_from_contiguous(
+    cache: QuantizedKV,
+    page_size: int,
+    *,
+    num_pages: int | None = None,
+    generator: torch.Generator | None = None,
+    tile: int | None = None,
+    warps: int | None = None,
+) -> PagedQuantizedKV:
+    """Copy a contiguous cache into a page pool.
+
+    Each sequence gets ``ceil(capacity / page_size)`` pages (at least one). With a
+    ``generator`` the pages are scattered over the pool in a random order (as an
+    allocator that reuses freed pages leaves them); otherwise they are assigned in
+    order. ``num_pages`` (at least the pages needed) sizes the pool; unused pages hold
+    garbage (NaN scales, all-ones words) that a correct kernel never reads. ``tile`` and
+    ``warps`` choose the word arrangement (the kernel's tile and program size; default
+    :func:`default_layout`).
+    """
+    _require_cache(cache)
+    if tile is None or warps is None:
+        tile, warps = default_layout(cache.head_dim, cache.group_size)
+    require_int("tile", tile)
+    require_int("warps", warps)
+    check_arrangement(cache.head_dim, tile, warps)
+    if tile > cache.group_size:
+        raise ValueError(f"tile ({tile}) must not exceed the group size ({cache.group_size})")
+    g = cache.group_size
+    _require_page_size(page_size, g, tile)
+    b, h = cache.batch, cache.heads
+    per_seq = max(1, -(-cache.capacity // page_size))
+    need = b * per_seq
+    if num_pages is None:
+        num_pages = need
+    require_int("num_pages", num_pages)
+    if num_pages < need:
+        raise ValueError(f"num_pages must be at least {need} (B={b} x {per_seq} pages); got {num_pages}")
+    dev = cache.device
+    order = torch.arange(num_pages) if generator is None else torch.randperm(num_pages, generator=generator)
+    block_table = order[:need].reshape(b, per_seq).to(torch.int32).to(dev)
+    rows = per_seq * page_size
+
+    def pages(x: torch.Tensor) -> torch.Tensor:
+        # [B, H, per_seq*r, ...] -> [B*per_seq, H, r, ...] in block-table order
+        x = x.reshape(b, h, per_seq, x.shape[2] // per_seq, *x.shape[3:]).transpose(1, 2)
+        return x.reshape(b * per_seq, h, *x.shape[3:])
+
+    def pool(src: torch.Tensor, fill) -> torch.Tensor:
+        out = torch.full((num_pages, *src.shape[1:]), fill, dtype=src.dtype, device=dev)
+        out[block_table.reshape(-1).long()] = src
+        return out
+
+    def words(codes: torch.Tensor, role: str) -> torch.Tensor:
+        return pool(pages(words_from_codes(_pad_rows(codes, rows), cache.bits, role, tile, warps)), -1)
+
+    nan = float("nan")
+    return PagedQuantizedKV(
+        bits=cache.bits,
+        group_size=g,
+        page_size=page_size,
+        tile=tile,
+        warps=warps,
+        k_words=words(cache.k_codes, "k"),
+        k_scale=pool(pages(_pad_rows(cache.k_scale, rows // g)), nan),
+        k_zero=pool(pages(_pad_rows(cache.k_zero, rows // g)), nan),
+        v_words=words(cache.v_codes, "v"),
+        v_scale=pool(pages(_pad_rows(cache.v_scale, rows)), nan),
+        v_zero=pool(pages(_pad_rows(cache.v_zero, rows)), nan),
+        k_residual=cache.k_residual.clone(),
+        v_residual=cache.v_residual.clone(),
+        block_table=block_table,
+        seq_lens=cache.seq_lens.clone(),
+    )
+
+
+def paged_to_contiguous(paged: PagedQuantizedKV) -> QuantizedKV:
+    """The inverse of :func:`paged_from_contiguous`: capacity = pages per sequence x page_size."""
+    if not isinstance(paged, PagedQuantizedKV):
+        raise TypeError(f"paged must be a PagedQuantizedKV; got {type(paged).__name__}")
+    b, per_seq = paged.block_table.shape
+    h, d = paged.heads, paged.head_dim
+    idx = paged.block_table.reshape(-1).long()
+
+    def gather(x: torch.Tensor) -> torch.Tensor:
+        # [NP, H, r, ...] -> [B, H, per_seq*r, ...]
+        y = x[idx].reshape(b, per_seq, h, *x.shape[2:]).transpose(1, 2)
+        return y.reshape(b, h, per_seq * x.shape[2], *x.shape[3:])
+
+    return QuantizedKV(
+        bits=paged.bits,
+        group_size=paged.group_size,
+        k_codes=codes_from_words(gather(paged.k_words), paged.bits, "k", d, paged.tile, paged.warps),
+        k_scale=gather(paged.k_scale),
+        k_zero=gather(paged.k_zero),
+        v_codes=codes_from_words(gather(paged.v_words), paged.bits, "v", d, paged.tile, paged.warps),
+        v_scale=gather(paged.v_scale),
+        v_zero=gather(paged.v_zero),
+        k_residual=paged.k_residual.clone(),
+        v_residual=paged.v_residual.clone(),
+        seq_lens=paged.seq_lens.clone(),
+    )
+
+
+# ----------------------------------------------------------------------------- cached decode view
+_VIEWS: dict[tuple, tuple] = {}
+
+
+def _fingerprint(cache: QuantizedKV) -> tuple:
+    return tuple(
+        (id(t), t.data_ptr(), t._version, tuple(t.shape))
+        for t in (cache.k_codes, cache.v_codes, cache.k_scale, cache.k_zero, cache.v_scale, cache.v_zero)
+    )
+
+
+def decode_view(cache: QuantizedKV, *, tile: int | None = None, warps: int | None = None) -> PagedQuantizedKV:
+    """The decode-arranged view of a contiguous cache: one page per sequence, built once.
+
+    ``tile``/``warps`` default to :func:`default_layout` for the cache's head_dim and group.
+    The view holds its own arranged codes; when the capacity is a multiple of the tile
+    it shares the cache's scales and zeros (no copy). Its residual window and seq_lens
+    are the cache's own tensors. It is cached per (cache object, tile, warps) and
+    rebuilt only when the codes or scales change (an append that completes a group, a
+    capacity change); appends into the residual window reuse it.
+    """
+    _require_cache(cache)
+    require_tensor("cache.k_codes", cache.k_codes)
+    if tile is None or warps is None:
+        tile, warps = default_layout(cache.head_dim, cache.group_size)
+    check_arrangement(cache.head_dim, tile, warps)
+    if tile > cache.group_size:
+        raise ValueError(f"tile ({tile}) must not exceed the group size ({cache.group_size})")
+    key = (id(cache), tile, warps)
+    fp = _fingerprint(cache)
+    hit = _VIEWS.get(key)
+    if hit is not None and hit[0]() is cache and hit[1] == fp:
+        return hit[2]
+    b, cap = cache.batch, cache.capacity
+    if cap % tile or cap % cache.group_size or cap == 0:
+        page = max(-(-cap // tile) * tile, tile, cache.group_size)
+        page = -(-page // cache.group_size) * cache.group_size
+        view = paged_from_contiguous(cache, page, tile=tile, warps=warps)
+    else:
+        view = PagedQuantizedKV(
+            bits=cache.bits,
+            group_size=cache.group_size,
+            page_size=cap,
+            tile=tile,
+            warps=warps,
+            k_words=words_from_codes(cache.k_codes, cache.bits, "k", tile, warps),
+            k_scale=cache.k_scale,
+            k_zero=cache.k_zero,
+            v_words=words_from_codes(cache.v_codes, cache.bits, "v", tile, warps),
+            v_scale=cache.v_scale,
+            v_zero=cache.v_zero,
+            k_residual=cache.k_residual,
+            v_residual=cache.v_residual,
+            block_table=torch.arange(b, dtype=torch.int32, device=cache.device).reshape(b, 1),
+            seq_lens=cache.seq_lens,
+        )
+    view.k_residual, view.v_residual, view.seq_lens = cache.k_residual, cache.v_residual, cache.seq_lens
+    if not any(k[0] == key[0] for k in _VIEWS):
+        weakref.finalize(cache, _forget, key[0])
+    _VIEWS[key] = (weakref.ref(cache), fp, view)
+    return view
+
+
+def _forget(cache_id: int) -> None:
+    for key in [k for k in _VIEWS if k[0] == cache_id]:
+        _VIEWS.pop(key, None)

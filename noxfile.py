@@ -1,0 +1,208 @@
+"""kvbits harness sessions. Version legs and every command line: harness/commands.py.
+Suites run through harness/pipeline.py (also `python -m harness.gpu_verify` without nox).
+`--no-venv`: the installed torch/triton, nothing installed. More: docs/sessions.md.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import nox
+from nox.command import CommandFailed
+
+ROOT = Path(__file__).resolve().parent
+sys.path.insert(0, str(ROOT))
+
+from harness import commands  # noqa: E402
+
+nox.options.default_venv_backend = "virtualenv"
+nox.options.reuse_venv = "yes"
+
+GPU_PARAMS = [(leg.torch, leg.triton) for leg in commands.GPU_LEGS]
+REPORT_DEPS = nox.project.load_toml(ROOT / "pyproject.toml")["project"]["optional-dependencies"]["report"]
+INCLUDE_PROBE = (
+    "import json, sysconfig; from torch.utils.cpp_extension import include_paths; "
+    "print(json.dumps(include_paths() + [sysconfig.get_paths()['include']]))"
+)
+_RAN_INSTALLED: set[str] = set()
+
+
+def _installed(session: nox.Session) -> bool:
+    """True under ``--no-venv`` (or a session without a virtualenv)."""
+    return session.venv_backend == "none"
+
+
+def _python(session: nox.Session) -> str:
+    return sys.executable if _installed(session) else "python"
+
+
+def _once_on_installed(session: nox.Session, family: str) -> None:
+    """Without virtualenvs every leg of ``family`` would test the same installed stack: once is enough."""
+    if family in _RAN_INSTALLED:
+        session.skip(f"--no-venv: {family} already ran on the installed torch/triton")
+    _RAN_INSTALLED.add(family)
+
+
+def _install_stack(session: nox.Session, torch: str, triton: str | None, index_url: str | None = None,
+                   extras: str | None = commands.PROJECT_EXTRAS) -> None:
+    if _installed(session):
+        session.log("--no-venv: using the installed torch and triton; nothing is installed")
+        return
+    index_url = os.environ.get("KVH_TORCH_INDEX_URL") or index_url
+    for args in commands.install_commands(torch, triton, index_url=index_url, extras=extras):
+        session.install(*args)
+
+
+def _pipeline(session: nox.Session, kind: str, *args: str) -> None:
+    session.run(_python(session), "-m", "harness.pipeline", kind, *args, external=_installed(session))
+
+
+def _require_cuda_driver(session: nox.Session) -> None:
+    """Refuse before installing gigabytes of CUDA wheels on a machine without a GPU."""
+    smi = shutil.which("nvidia-smi")
+    listed = ""
+    if smi:
+        out = subprocess.run([smi, "-L"], capture_output=True, text=True, check=False)
+        listed = out.stdout if out.returncode == 0 else ""
+    if "GPU" not in listed:
+        session.error("gpu_verify needs a CUDA device, and nvidia-smi finds none: nothing was installed "
+                      "or run. `nox -s verify` or `nox -s tests` run in the Triton interpreter on CPU.")
+
+
+@nox.session
+@nox.parametrize("triton", [leg.triton for leg in commands.INTERPRETER_LEGS])
+def tests(session: nox.Session, triton: str) -> None:
+    """Harness unit tests and every suite in the Triton interpreter on CPU, one leg per triton release."""
+    leg = commands.interpreter_leg(triton)
+    if _installed(session):
+        _once_on_installed(session, "tests")
+        _pipeline(session, "tests", *session.posargs)
+        return
+    _install_stack(session, leg.torch, leg.triton)
+    _pipeline(session, "tests", "--leg", leg.name, *session.posargs)
+
+
+@nox.session(default=False)
+def verify(session: nox.Session) -> None:
+    """The main job on this machine's device: suites (and benchmarks on a GPU), then the report."""
+    torch = os.environ.get("KVH_TORCH", commands.CPU_TORCH)
+    _install_stack(session, torch, os.environ.get("KVH_TRITON"))
+    _pipeline(session, "verify", *session.posargs)
+
+
+@nox.session(default=False)
+@nox.parametrize(("torch", "triton"), GPU_PARAMS)
+def gpu_verify(session: nox.Session, torch: str, triton: str) -> None:
+    """Suites over every GPU (one pinned xdist worker each), benchmarks, report; refuses without CUDA."""
+    leg = commands.gpu_leg(torch, triton)
+    posargs = list(session.posargs)
+    installed = _installed(session) or "--installed" in posargs
+    posargs = [arg for arg in posargs if arg != "--installed"]
+    if installed:
+        _once_on_installed(session, "gpu_verify")
+        session.run(sys.executable, "-m", "harness.gpu_verify", *posargs, external=True)
+        return
+    _require_cuda_driver(session)
+    _install_stack(session, leg.torch, leg.triton, leg.torch_index_url)
+    _pipeline(session, "gpu_verify", "--leg", leg.name, *posargs)
+
+
+@nox.session(default=False)
+def bench(session: nox.Session) -> None:
+    """Benchmarks alone, serially, on this machine's device, then the report."""
+    torch = os.environ.get("KVH_TORCH", commands.CPU_TORCH)
+    _install_stack(session, torch, os.environ.get("KVH_TRITON"))
+    _pipeline(session, "bench", *session.posargs)
+
+
+@nox.session(default=False)
+def report(session: nox.Session) -> None:
+    """Re-render reports/report.html, junit.xml and summary.md from recorded runs (posargs: run dirs)."""
+    if not _installed(session):
+        session.install(*REPORT_DEPS)
+    _pipeline(session, "report", *session.posargs)
+
+
+@nox.session
+def lint(session: nox.Session) -> None:
+    """ruff, hadolint on docker/Dockerfile, zizmor and actionlint on the GitHub workflows."""
+    session.install(*commands.LINT_TOOLS)
+    failed = []
+    checks = [
+        ("ruff", ["ruff", "check", "."]),
+        ("hadolint", ["hadolint", commands.DOCKERFILE]),
+        ("zizmor", ["zizmor", "--offline", ".github/workflows"]),
+    ]
+    try:
+        session.install(commands.ACTIONLINT, silent=True)
+        checks.append(("actionlint", ["actionlint"]))
+    except CommandFailed:
+        session.warn(f"{commands.ACTIONLINT} could not be installed (its build downloads the actionlint "
+                     "binary, which needs network access to GitHub): actionlint skipped, zizmor ran")
+    for name, cmd in checks:
+        try:
+            session.run(*cmd)
+        except CommandFailed:
+            failed.append(name)
+    if failed:
+        session.error(f"lint failed: {', '.join(failed)}")
+
+
+@nox.session
+def compile_matrix(session: nox.Session) -> None:
+    """Every Triton kernel compiled for sm_80/90/100 under each triton of the tables; every .cu via nvcc."""
+    versions = list(session.posargs) or list(commands.compile_triton_versions())
+    python = _python(session)
+    failed = []
+    if _installed(session):
+        versions = ["installed"]
+    else:
+        torch = os.environ.get("KVH_TORCH", commands.CPU_TORCH)
+        _install_stack(session, torch, versions[0], extras=None)
+    for version in versions:
+        if version != "installed":
+            session.install(f"triton=={version}")
+        try:
+            session.run(*commands.aot_command(python), env=commands.AOT_ENV, external=_installed(session))
+        except CommandFailed:
+            failed.append(f"kernels.aot with triton {version}")
+
+    sources = sorted((ROOT / "kernels" / "cuda").glob("*.cu"))
+    if shutil.which("nvcc") is None:
+        session.warn(f"nvcc not found: the compile check of {len(sources)} .cu file(s) is skipped")
+    else:
+        probe = session.run(python, "-c", INCLUDE_PROBE, silent=True, external=_installed(session))
+        includes = json.loads(probe.strip().splitlines()[-1])
+        out_dir = Path(session.create_tmp()) / "nvcc"
+        out_dir.mkdir(parents=True, exist_ok=True)
+        for source in sources:
+            cmd = commands.nvcc_command(str(source.relative_to(ROOT)), str(out_dir / f"{source.stem}.o"), includes)
+            try:
+                session.run(*cmd, external=True)
+            except CommandFailed:
+                failed.append(f"nvcc {source.name}")
+    if failed:
+        session.error(f"compile_matrix failed: {'; '.join(failed)}")
+
+
+@nox.session(python=False, default=False)
+@nox.parametrize(("torch", "triton"), GPU_PARAMS)
+def container(session: nox.Session, torch: str, triton: str) -> None:
+    """Build docker/Dockerfile for a GPU leg, run a session in it (default gpu_verify) with --gpus all."""
+    leg = commands.gpu_leg(torch, triton)
+    inner, *args = list(session.posargs) or ["gpu_verify"]
+    if shutil.which("docker") is None:
+        session.error("docker is not installed: the container session needs Docker and the NVIDIA container toolkit")
+    cache = Path(os.environ.get("KVH_CONTAINER_CACHE") or Path.home() / ".cache" / "kvbits" / "container")
+    cache.mkdir(parents=True, exist_ok=True)  # made by this user, so the container's user can write it
+    (ROOT / commands.REPORTS_DIR).mkdir(exist_ok=True)
+    session.run(*commands.docker_build_command(leg, context=str(ROOT), dockerfile=str(ROOT / commands.DOCKERFILE)),
+                external=True)
+    session.run(*commands.docker_run_command(leg, repo=str(ROOT), cache=str(cache), uid=os.getuid(),
+                                             gid=os.getgid(), session=inner, args=args, environ=os.environ),
+                external=True)

@@ -1,0 +1,185 @@
+"""Fused 3-bit decode on a GPU: correctness of the compiled kernels, a layout and split sweep,
+and issue 4's table (fused vs fp16 SDPA vs the unfused path, bandwidth vs measured copy).
+
+    PYTHONUNBUFFERED=1 python scripts/gpu_decode.py [--out DIR] [--sweep] [--profile]
+
+Writes decode_gpu.json (every figure) under --out (default $OUT or reports/decode) and prints a
+short table last. --profile runs one fused launch under ncu (hardware counters) afterwards.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path[:0] = [str(ROOT), str(ROOT / "suites")]
+
+import torch  # noqa: E402
+
+import kernels  # noqa: E402
+from kernels import decode as dec  # noqa: E402
+from kernels.paged import decode_view, paged_from_contiguous  # noqa: E402
+
+START = time.perf_counter()
+
+
+def log(msg: str) -> None:
+    print(f"[{time.perf_counter() - START:6.1f}s] {msg}", flush=True)
+
+
+def correctness() -> list[dict]:
+    from decode_support import random_kv, random_q, varlen_cache
+
+    rows = []
+    cases = [  # name, B, Hq, Hkv, S, D, bits, G, dtype
+        ("seed B*H=8 S=256 D=64", 2, 4, 4, 256, 64, 3, 64, torch.float16),
+        ("GQA8 S=1000 D=128", 1, 8, 1, 1000, 128, 3, 64, torch.float16),
+        ("GQA4 bf16 S=777 D=128", 2, 8, 2, 777, 128, 3, 64, torch.bfloat16),
+        ("bits=2 S=300 D=128", 1, 2, 2, 300, 128, 2, 64, torch.float16),
+        ("MHA S=4097 D=128", 1, 4, 4, 4097, 128, 3, 64, torch.float16),
+    ]
+    for name, b, hq, hkv, s, d, bits, g, dt in cases:
+        k, v = random_kv(b, hkv, s, d, device="cuda", dtype=dt, seed=s)
+        q = random_q(b, hq, d, device="cuda", dtype=dt, seed=s + 1)
+        cache = kernels.quantize_kv(k, v, bits, group_size=g, backend="triton")
+        out = torch.full_like(q, float("nan"))
+        dec.decode_attention(q, cache, out=out)
+        ref = dec.reference_decode(q, cache)
+        rows.append({"case": name, "finite": bool(torch.isfinite(out).all()),
+                     "max_abs_err": float((out.double() - ref).abs().max()),
+                     "tol": 2e-3 if dt == torch.float16 else 1.6e-2})
+        log(f"check {name}: {rows[-1]}")
+    # mixed lengths with garbage beyond each sequence; paged (shuffled pool) == contiguous, bit for bit
+    lens = [5000, 77, 1, 2048]
+    k, v = random_kv(4, 2, max(lens), 128, device="cuda", seed=7)
+    q = random_q(4, 8, 128, device="cuda", seed=8)
+    cache = varlen_cache(k.cpu(), v.cpu(), lens)
+    cache = kernels.QuantizedKV(cache.bits, cache.group_size, *(getattr(cache, f).cuda() for f in (
+        "k_codes", "k_scale", "k_zero", "v_codes", "v_scale", "v_zero", "k_residual", "v_residual", "seq_lens")))
+    out = dec.decode_attention(q, cache)
+    ref = dec.reference_decode(q, cache)
+    pool = paged_from_contiguous(cache, 256, num_pages=200, generator=torch.Generator().manual_seed(9))
+    same = bool(torch.equal(dec.decode_attention(q, pool), out))
+    rows.append({"case": "mixed lengths + paged", "finite": bool(torch.isfinite(out).all()),
+                 "max_abs_err": float((out.double() - ref).abs().max()), "tol": 2e-3, "paged_equal": same})
+    log(f"check mixed/paged: {rows[-1]}")
+    return rows
+
+
+def sweep(layouts, targets, shapes) -> list[dict]:
+    from decode_support import per_call_ms, random_kv, random_q
+
+    rows = []
+    for b, hq, hkv, s, d in shapes:
+        k, v = random_kv(b, hkv, s, d, device="cuda", seed=11)
+        q = random_q(b, hq, d, device="cuda", seed=12)
+        cache = kernels.quantize_kv(k, v, 3, backend="triton")
+        del k, v
+        for tile, warps in layouts:
+            view = decode_view(cache, tile=tile, warps=warps)
+            nbytes = view.read_bytes()
+            for target in targets:
+                dec.SPLIT_PROGRAMS_PER_SM = target
+                ms = per_call_ms([lambda q=q, view=view: dec.decode_attention(q, view)])
+                rows.append({"shape": f"B={b} Hq={hq} Hkv={hkv} S={s}", "layout": f"t{tile}w{warps}",
+                             "programs_per_sm": target, "ms": ms, "gbps": nbytes / ms / 1e6})
+                log(f"sweep {rows[-1]}")
+        del cache
+        torch.cuda.empty_cache()
+    return rows
+
+
+def table() -> list[dict]:
+    from decode_support import GPU_BENCH_SHAPES, bench_shape
+
+    rows = []
+    for shape in GPU_BENCH_SHAPES:
+        fig = bench_shape(*shape, device="cuda")
+        rows.append(fig)
+        log(f"bench {fig['shape']}: fused {fig['ms']:.4f} ms, sdpa {fig['sdpa_ms']:.4f}, "
+            f"unfused {fig['unfused_ms']:.4f}, {fig['gbps']:.0f} GB/s ({fig.get('pct_of_peak', 0):.0f}%), "
+            f"err {fig['max_abs_err']:.2e}")
+        torch.cuda.empty_cache()
+    return rows
+
+
+def profile_one(out_dir: Path) -> None:
+    """Run one fused decode (B=1, H=32, D=128, S=128K) a few times, for ncu."""
+    from decode_support import random_kv, random_q
+
+    k, v = random_kv(1, 32, 131072, 128, device="cuda", seed=21)
+    q = random_q(1, 32, 128, device="cuda", seed=22)
+    cache = kernels.quantize_kv(k, v, 3, backend="triton")
+    for _ in range(3):
+        dec.decode_attention(q, cache)
+    torch.cuda.synchronize()
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--out", default=os.environ.get("OUT") or str(ROOT / "reports" / "decode"))
+    parser.add_argument("--sweep", action="store_true")
+    parser.add_argument("--profile", action="store_true")
+    parser.add_argument("--profile-one", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--programs-per-sm", type=int, default=None)
+    args = parser.parse_args()
+    out_dir = Path(args.out)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    if args.programs_per_sm:
+        dec.SPLIT_PROGRAMS_PER_SM = args.programs_per_sm
+    if args.profile_one:
+        profile_one(out_dir)
+        return 0
+    import triton
+
+    from harness.timing import copy_bandwidth_gbps
+
+    props = torch.cuda.get_device_properties(0)
+    result = {"gpu": props.name, "sms": props.multi_processor_count, "torch": torch.__version__,
+              "triton": triton.__version__}
+    log(f"{result}")
+    result["copy_gbps"] = copy_bandwidth_gbps()
+    log(f"copy bandwidth {result['copy_gbps']:.0f} GB/s")
+    result["checks"] = correctness()
+    if args.sweep:
+        result["sweep"] = sweep([(64, 4), (64, 2), (32, 2), (32, 4)], [1, 2, 4, 8], [(1, 32, 32, 131072, 128)])
+        result["sweep"] += sweep([(64, 4)], [1, 2, 4, 8], [(8, 32, 8, 32768, 128)])
+        best = min((r for r in result["sweep"] if "S=131072" in r["shape"] and r["layout"] == "t64w4"),
+                   key=lambda r: r["ms"])
+        dec.SPLIT_PROGRAMS_PER_SM = best["programs_per_sm"]
+        log(f"programs per SM for the table: {dec.SPLIT_PROGRAMS_PER_SM}")
+    result["programs_per_sm"] = dec.SPLIT_PROGRAMS_PER_SM
+    result["table"] = table()
+    (out_dir / "decode_gpu.json").write_text(json.dumps(result, indent=1, default=str))
+    if args.profile:
+        cmd = ["ncu", "--clock-control", "none", "--kernel-name", "regex:_decode_split_kernel", "--launch-skip", "2",
+               "--launch-count", "1", "--section", "SpeedOfLight", "--section", "MemoryWorkloadAnalysis",
+               "--section", "WarpStateStats", "--section", "Occupancy", "--section", "LaunchStats",
+               "--section", "InstructionStats", "--section", "SchedulerStats",
+               sys.executable, __file__, "--profile-one", "--out", str(out_dir)]
+        try:
+            prof = subprocess.run(cmd, capture_output=True, text=True, timeout=150)
+            (out_dir / "ncu_decode.txt").write_text(prof.stdout + prof.stderr)
+            log("ncu written" if prof.returncode == 0 else f"ncu rc={prof.returncode}: {prof.stderr[-500:]}")
+        except (OSError, subprocess.TimeoutExpired) as exc:
+            log(f"ncu failed: {exc}")
+    print("\nshape                               layout  fused ms  sdpa ms  unfused ms  xSDPA  xUnfused  GB/s  %copy  err")
+    for r in result["table"]:
+        print(f"{r['shape']:<36}{r['layout']:<7} {r['ms']:8.4f} {r['sdpa_ms']:8.4f} {r['unfused_ms']:10.4f} "
+              f"{r['speedup']['sdpa_fp16']:6.2f} {r['speedup']['unfused']:8.2f} {r['gbps']:6.0f} "
+              f"{r.get('pct_of_peak', 0):5.1f}  {r['max_abs_err']:.1e}")
+    bad = [c for c in result["checks"] if not c["finite"] or c["max_abs_err"] > c["tol"] or c.get("paged_equal") is False]
+    bad += [r for r in result["table"] if r["max_abs_err"] > 2e-3]
+    print(f"copy {result['copy_gbps']:.0f} GB/s; programs/SM {result['programs_per_sm']}; "
+          f"{len(bad)} correctness problem(s)")
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

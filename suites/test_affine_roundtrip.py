@@ -1,0 +1,213 @@
+"""Affine quantization: seed test 3 round trip, torch == Triton bit for bit, reconstruction bound.
+
+Round trip: for every code q, every bit width and both scale dtypes, with the
+scale and zero point of real groups (random, tiny, huge, constant, offset,
+outlier; (64, 128) tiles), ``clamp(round((q - z) * s / s + z), 0, 2^b - 1) == q``.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from affine_support import (
+    cache_mismatches,
+    device_backends,
+    elements,
+    gpu_or_small,
+    make_values,
+    poison,
+    quantize,
+    random_kv,
+)
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import kernels
+from kernels.affine import (
+    affine_params,
+    dequantize_codes,
+    quantize_codes,
+    quantize_dequantize,
+    quantize_into,
+)
+from kernels.kv_cache import QuantizedKV
+
+BITS = (2, 3, 4, 8)
+SCALE_DTYPES = (torch.float16, torch.float32)
+KINDS = ("randn", "outliers", "offset", "tiny", "huge", "constant", "zeros")
+
+
+def _sdt_id(sdt):
+    return str(sdt).replace("torch.", "")
+
+
+def _tile_params(kind: str, bits: int, sdt: torch.dtype, per_channel: bool):
+    """Scale and zero of every group of one (64, 128) tile (fp32 input), from the reference."""
+    dtype = torch.float32 if sdt == torch.float32 else torch.float16
+    g = torch.Generator().manual_seed(1000 * bits + len(kind))
+    x = make_values(kind, (64, 128), dtype, "cpu", g).float()
+    xg = x.reshape(1, 64, 128) if per_channel else x.reshape(64, 2, 64)
+    dim = 1 if per_channel else 2
+    scale, zero, inv = affine_params(xg.amin(dim, keepdim=True), xg.amax(dim, keepdim=True), bits, sdt)
+    return scale.flatten(), zero.flatten(), inv.flatten()
+
+
+@pytest.mark.parametrize("per_channel", [True, False], ids=["k-per-channel", "v-per-token"])
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("sdt", SCALE_DTYPES, ids=_sdt_id)
+@pytest.mark.parametrize("bits", BITS)
+def test_requant_of_dequant_is_identity(record, bits, sdt, kind, per_channel):
+    """Seed test 3 for every q on the groups of a (64, 128) tile; no NaN, no division by zero."""
+    scale, zero, inv = _tile_params(kind, bits, sdt, per_channel)
+    assert bool(torch.isfinite(scale).all()) and bool((scale > 0).all())
+    assert torch.equal(scale.to(sdt).float(), scale), "scales must be exact in the scale dtype"
+    assert torch.equal(zero.round(), zero) and bool((zero >= 0).all()) and bool((zero <= 2**bits - 1).all())
+    q = torch.arange(2**bits, dtype=torch.float32)[:, None].expand(-1, scale.numel())
+    x_hat = dequantize_codes(q, scale, zero)
+    seed_formula = torch.clamp(torch.round(x_hat / scale + zero), 0, 2**bits - 1)
+    kernel_formula = quantize_codes(x_hat, scale, zero, inv, bits).float()
+    bad = int((seed_formula != q).sum()) + int((kernel_formula != q).sum())
+    record.backend, record.variant, record.device = "torch", f"b{bits}-{_sdt_id(sdt)}-{kind}", "cpu"
+    record.add(states_checked=2 * q.numel(), bit_errors=bad, shape="64x128")
+    assert bad == 0
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32], ids=_sdt_id)
+@pytest.mark.parametrize("bits", BITS)
+def test_requant_through_dequantize_kv(record, bits, dtype):
+    """Dequantize a real cache to the input dtype, requantize with its own s and z: same codes.
+
+    bf16 keeps 8 significant bits, so (q - z) * s is exact enough only for b <= 4."""
+    if dtype == torch.bfloat16 and bits == 8:
+        pytest.skip("bf16 x_hat cannot hold 8-bit codes exactly (8 significant bits)")
+    k, v = random_kv((2, 2, 128, 64), dtype, "cpu", seed=bits)
+    qkv = quantize(k, v, bits, 32, "torch")
+    k_hat, v_hat = kernels.dequantize_kv(qkv)
+    assert k_hat.dtype == dtype and k_hat.shape == k.shape
+    q_k = kernels.unpack_bits(qkv.k_codes, bits).reshape(2, 2, 4, 32, 64)
+    q_v = kernels.unpack_bits(qkv.v_codes, bits).reshape(2, 2, 128, 2, 32)
+    ks, kz = qkv.k_scale.float()[:, :, :, None], qkv.k_zero.float()[:, :, :, None]
+    vs, vz = qkv.v_scale.float()[..., None], qkv.v_zero.float()[..., None]
+    rk = quantize_codes(k_hat.float().reshape(q_k.shape), ks, kz, 1 / ks, bits)
+    rv = quantize_codes(v_hat.float().reshape(q_v.shape), vs, vz, 1 / vs, bits)
+    bad = int((rk != q_k).sum()) + int((rv != q_v).sum())
+    record.backend, record.variant, record.device = "torch", f"b{bits}-{_sdt_id(dtype)}", "cpu"
+    record.add(states_checked=q_k.numel() + q_v.numel(), bit_errors=bad)
+    assert bad == 0
+
+
+@pytest.mark.parametrize(("device", "backend"), device_backends())
+@pytest.mark.parametrize("kind", ["randn", "outliers", "offset", "tiny", "huge", "constant", "zeros"])
+def test_kinds_of_groups_reconstruct(record, device, backend, kind):
+    """Random, outlier, offset, tiny, huge and constant groups: finite params, error <= s/2."""
+    dtype = torch.float32 if kind == "huge" else torch.float16
+    sdt = torch.float32 if kind == "huge" else torch.float16
+    k, v = random_kv((1, 2, 64 + 7, 64), dtype, device, seed=7, kind=kind)
+    qkv = quantize(k, v, 3, 32, backend, scale_dtype=sdt)
+    k_hat, v_hat = kernels.dequantize_kv(qkv, dtype=torch.float32)
+    worst = 0.0
+    n = int(qkv.quantized_lens()[0])
+    for x, x_hat, scale, per_channel in ((k, k_hat, qkv.k_scale, True), (v, v_hat, qkv.v_scale, False)):
+        s = scale.float().repeat_interleave(32, dim=2 if per_channel else 3)[:, :, :n]
+        err = (x[:, :, :n].float() - x_hat[:, :, :n]).abs()
+        slack = x[:, :, :n].float().abs() * 2.0**-21
+        assert bool(torch.isfinite(x_hat).all())
+        assert bool((err <= s / 2 + slack).all()), f"max excess {(err - s / 2).max().item()}"
+        assert torch.equal(x_hat[:, :, n:], x[:, :, n:].float()), "residual tokens must be kept exactly"
+        worst = max(worst, float(err.max()))
+        if kind in ("constant", "zeros") and sdt == torch.float16:
+            assert torch.equal(x_hat[:, :, :n], x[:, :, :n].float()), "constant groups reconstruct exactly"
+    record.backend, record.variant, record.device = backend, kind, device
+    record.add(max_abs_err=worst, states_checked=2 * k.numel())
+
+
+SHAPES = [
+    # (B, H, S, D, G): aligned, residual tails, one group, D = 3 G, a single token
+    (1, 2, 64, 64, 32),
+    (2, 3, 64 + 5, 64, 32),
+    (1, 1, 128 + 63, 128, 64),
+    (2, 1, 96, 96, 32),
+    (1, 2, 128, 256, 128),
+    (1, 1, 1, 64, 64),
+]
+
+
+@pytest.mark.parametrize(("device", "backend"), [p for p in device_backends() if "triton" in p.id])
+@pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "x".join(map(str, s)))
+@pytest.mark.parametrize("bits", BITS)
+def test_triton_matches_torch_bit_for_bit(record, device, backend, bits, shape):
+    """The Triton kernel writes exactly the reference's codes, scales and zeros."""
+    b, h, s, d, g = shape
+    s = gpu_or_small(s, s * 64, device)
+    combos = [(torch.float16, torch.float16)]
+    if bits == 3:
+        combos += [(torch.float32, torch.bfloat16), (torch.float16, torch.float32)]
+    checked = 0
+    for sdt, dtype in combos:
+        k, v = random_kv((b, h, s, d), dtype, device, seed=bits * 31 + s, kind="outliers")
+        ref = quantize(k, v, bits, g, "torch", scale_dtype=sdt)
+        got = quantize(k, v, bits, g, backend, scale_dtype=sdt)
+        diff = cache_mismatches(ref, got)
+        assert not diff, f"{sdt} {dtype}: {diff}"
+        checked += elements(ref)
+    record.backend, record.variant, record.device = backend, f"b{bits}", device
+    record.add(states_checked=checked, bit_errors=0, shape=f"{b}x{h}x{s}x{d} G{g}")
+
+
+@pytest.mark.parametrize(("device", "backend"), [p for p in device_backends() if "triton" in p.id])
+@pytest.mark.parametrize("bits", [3, 4])
+def test_kernel_writes_only_its_rows(record, device, backend, bits):
+    """Into a poisoned cache at a token offset, from a strided (non-contiguous) input: every
+    element of the target rows is written and equals the reference; the rest stays poison."""
+    g, d, offset, t = 32, 64, 64, 64
+    qkv = QuantizedKV.empty(2, 2, d, bits=bits, group_size=g, capacity=192, device=device)
+    poison(qkv)
+    k_big, v_big = random_kv((2, 2, t, 2 * d), torch.float16, device, seed=bits)
+    k, v = k_big[..., ::2], v_big[..., 1::2]  # stride 2 along D
+    quantize_into(qkv, k, v, offset, backend)
+    ref = quantize(k.contiguous(), v.contiguous(), bits, g, "torch")
+    rows, groups = slice(offset, offset + t), slice(offset // g, (offset + t) // g)
+    for name, sel in (("k_codes", rows), ("v_codes", rows), ("v_scale", rows), ("v_zero", rows),
+                      ("k_scale", groups), ("k_zero", groups)):
+        got, want = getattr(qkv, name), getattr(ref, name)
+        assert torch.equal(got[:, :, sel], want), name
+        outside = torch.cat([got[:, :, : sel.start], got[:, :, sel.stop:]], dim=2)
+        if outside.is_floating_point():
+            assert bool(outside.isnan().all()), f"{name} written outside its rows"
+        else:
+            assert bool((outside == 0xFF).all()), f"{name} written outside its rows"
+    record.backend, record.variant, record.device = backend, f"b{bits}-offset{offset}-strided", device
+    record.add(states_checked=elements(ref), bit_errors=0)
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    bits=st.sampled_from(BITS),
+    sdt=st.sampled_from(SCALE_DTYPES),
+    values=st.lists(
+        st.floats(min_value=-6e4, max_value=6e4, allow_nan=False, allow_infinity=False, width=32),
+        min_size=32, max_size=32,
+    ),
+    constant=st.booleans(),
+)
+def test_reconstruction_bound_property(bits, sdt, values, constant):
+    """|x - x_hat| <= s/2 (+ fp32 rounding of x / s) for every x of every group, both groupings."""
+    x = torch.tensor(values, dtype=torch.float32)
+    if constant:
+        x = x[:1].expand(32).clone()
+    for grouping, shape in (("token", (1, 1, 1, 32)), ("channel", (1, 1, 32, 1))):
+        xs = x.reshape(shape)
+        if grouping == "channel":  # D must be a multiple of G: 32 channels, each the same group
+            xs = xs.expand(1, 1, 32, 32).contiguous()
+        x_hat = quantize_dequantize(xs, bits, group_size=32, grouping=grouping, scale_dtype=sdt)
+        lo, hi = xs.amin(), xs.amax()
+        scale, zero, _ = affine_params(lo.reshape(1), hi.reshape(1), bits, sdt)
+        s = float(scale)
+        err = (xs - x_hat).abs()
+        bound = s / 2 + xs.abs() * 2.0**-21
+        assert bool((err <= bound).all()), (grouping, s, float(err.max()))
+        if constant and float(x[0]) == float(x[0].to(sdt)):
+            assert torch.equal(x_hat, xs), "a representable constant reconstructs exactly"
+        assert math.isfinite(s) and s > 0

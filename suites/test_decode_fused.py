@@ -1,0 +1,213 @@
+"""Fused low-bit flash-decoding: the kernel against the float64 reference on the dequantized cache.
+
+Every case decodes into a NaN-poisoned buffer and requires every element written; the
+kernel error must stay within 2e-3 for fp16 outputs. Cases with the original K/V also
+record the quantization error (attention on the original K/V) as a figure. On CPU the
+Triton kernel runs in the interpreter with small shapes; on a GPU it is compiled.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from decode_support import (
+    device_params,
+    errors,
+    poisoned_like,
+    random_kv,
+    random_q,
+    run_checked,
+    varlen_cache,
+)
+
+import kernels
+from kernels.decode import decode_attention, reference_decode
+from kernels.paged import decode_view, paged_from_contiguous
+
+pytestmark = pytest.mark.parametrize("device", device_params())
+
+
+def _cache(k, v, bits=3, group_size=64, **kw):
+    return kernels.quantize_kv(k, v, bits, group_size=group_size, backend="torch", **kw)
+
+
+@pytest.mark.parametrize("backend", ["triton", "torch"])
+def test_seed_case(record, device, backend):
+    """The seed's case: B*H = 8, S = 256, D = 64, 3 bits."""
+    k, v = random_kv(2, 4, 256, 64, device=device, seed=10)
+    q = random_q(2, 4, 64, device=device, seed=11)
+    run_checked(record, q, _cache(k, v), backend=backend, original=(k, v))
+
+
+@pytest.mark.parametrize("length", [1, 63, 257, 4097])
+def test_lengths(record, device, length):
+    """Residual only (1, 63), whole groups plus one residual token (257, 4097: 64 tiles)."""
+    k, v = random_kv(1, 1, length, 64, device=device, seed=20 + length)
+    q = random_q(1, 1, 64, device=device, seed=21)
+    run_checked(record, q, _cache(k, v), original=(k, v))
+
+
+def test_mixed_lengths(record, device):
+    """One batch, four lengths; everything past each sequence is garbage (NaN scales)."""
+    lens = [1, 70, 200, 129]
+    k, v = random_kv(4, 2, max(lens), 64, device=device, seed=30)
+    q = random_q(4, 4, 64, device=device, seed=31)
+    run_checked(record, q, varlen_cache(k, v, lens))
+
+
+@pytest.mark.parametrize("ratio", [1, 4, 8])
+def test_gqa(record, device, ratio):
+    """Hq / Hkv = 1, 4, 8: each K/V tile serves its group of query heads."""
+    hkv = 8 // ratio
+    k, v = random_kv(1, hkv, 150, 64, device=device, seed=40 + ratio)
+    q = random_q(1, 8, 64, device=device, seed=41)
+    run_checked(record, q, _cache(k, v), original=(k, v))
+
+
+def test_partial_last_group(record, device):
+    """Attended lengths that end inside a quantized group (100, 150 of 192) and inside the
+    residual window (196 of 200), through the seq_lens override."""
+    k, v = random_kv(3, 2, 200, 64, device=device, seed=50)
+    q = random_q(3, 2, 64, device=device, seed=51)
+    cache = varlen_cache(k, v, [192, 192, 200])
+    lens = torch.tensor([100, 150, 196], dtype=torch.int32, device=device)
+    run_checked(record, q, cache, seq_lens=lens, original=(k, v))
+
+
+def test_residual_only(record, device):
+    """S < G: nothing quantized, the residual window alone."""
+    k, v = random_kv(2, 2, 40, 64, device=device, seed=60)
+    q = random_q(2, 2, 64, device=device, seed=61)
+    out = run_checked(record, q, _cache(k, v), original=(k, v))
+    assert float((out.double() - reference_decode(q, _cache(k, v))).abs().max()) <= 2e-3
+
+
+def test_large_logits(record, device):
+    """Logits near 4e3 (exp would overflow without the running max): two tokens with identical
+    keys tie exactly, so the answer is the mean of their values, far from every other token."""
+    s, d = 192, 64
+    k, v = random_kv(1, 1, s, d, device=device, seed=70, outliers=False)
+    gen = torch.Generator(device=device).manual_seed(71)
+    u = torch.randn(d, generator=gen, device=device)
+    u = u / u.norm()
+    k = k.float()
+    k[0, 0, 5] = 3.0 * u * d**0.5
+    k[0, 0, 40] = k[0, 0, 5]  # same K group: identical codes, identical logits
+    k = k.to(torch.float16)
+    q = (u * 4000.0 / 3.0).to(torch.float16).reshape(1, 1, d)
+    cache = _cache(k, v)
+    out = run_checked(record, q, cache)
+    ref = reference_decode(q, cache)
+    logits = (q.double()[0, 0] @ kernels.dequantize_kv(cache, dtype=torch.float32)[0][0, 0].double().T) / d**0.5
+    top = logits.topk(3).values
+    record.add(max_logit=float(top[0]), logit_gap=float(top[1] - top[2]))
+    assert float(top[0]) > 3e3 and float(top[0] - top[1]) == 0.0 and float(top[1] - top[2]) > 100
+    assert float((out.double() - ref).abs().max()) <= 2e-3
+
+
+def test_one_hot_oracle(record, device):
+    """Integer K and V in [-3, 4] quantize exactly (scale 1, zero 3); a query aligned with one
+    key makes the softmax exactly one-hot, so the output is that token's V, bit for bit."""
+    s, d, target = 128, 64, 77
+    gen = torch.Generator(device=device).manual_seed(80)
+    k = torch.randint(-3, 5, (1, 1, s, d), generator=gen, device=device).float()
+    v = torch.randint(-3, 5, (1, 1, s, d), generator=gen, device=device).float()
+    k[0, 0, :2, :] = torch.tensor([-3.0, 4.0], device=device)[:, None]  # every K group spans [-3, 4]
+    v[0, 0, :, :2] = torch.tensor([-3.0, 4.0], device=device)  # every V group too (G = D)
+    k[0, 0, target] = torch.where(torch.arange(d, device=device) % 2 == 0, 4.0, -3.0)
+    q = torch.where(torch.arange(d, device=device) % 2 == 0, 16.0, -16.0).reshape(1, 1, d)
+    k, v, q = k.half(), v.half(), q.half()
+    cache = _cache(k, v)
+    k_hat, v_hat = kernels.dequantize_kv(cache, dtype=torch.float32)
+    assert torch.equal(k_hat, k.float()) and torch.equal(v_hat, v.float()), "grid values must round-trip"
+    out = run_checked(record, q, cache, tol=1e-6)  # the float64 reference keeps ~1e-140 tails
+    assert torch.equal(out[0, 0], v[0, 0, target]), "one-hot softmax must return the target's V exactly"
+
+
+def test_paged_equals_contiguous(record, device):
+    """The same cache in shuffled pages of a larger pool (unused pages are garbage) gives the
+    same output bit for bit; and paged -> contiguous is the inverse."""
+    lens = [300, 77, 256]
+    k, v = random_kv(3, 2, max(lens), 64, device=device, seed=90)
+    q = random_q(3, 4, 64, device=device, seed=91)
+    cache = varlen_cache(k, v, lens, poison=False)
+    paged = paged_from_contiguous(cache, 128, num_pages=17, generator=torch.Generator().manual_seed(92))
+    record.variant = "paged"
+    out_paged = run_checked(record, q, paged)
+    out_contig = decode_attention(q, cache, backend="triton")
+    assert torch.equal(out_paged, out_contig)
+    back = kernels.paged.paged_to_contiguous(paged)
+    for name in ("k_codes", "v_codes", "k_scale", "k_zero", "v_scale", "v_zero"):
+        assert torch.equal(getattr(back, name)[:, :, : getattr(cache, name).shape[2]], getattr(cache, name)), name
+    record.add(pages=paged.num_pages, page_size=paged.page_size)
+
+
+@pytest.mark.parametrize("bits", [2, 4])
+def test_other_bit_widths(record, device, bits):
+    k, v = random_kv(1, 2, 130, 64, device=device, seed=100 + bits)
+    q = random_q(1, 2, 64, device=device, seed=101)
+    run_checked(record, q, _cache(k, v, bits=bits), original=(k, v))
+
+
+@pytest.mark.parametrize("dim, group_size", [(128, 64), (256, 128)])
+def test_head_dims(record, device, dim, group_size):
+    """D = 128 and D = 256 (with G = 128: the fused kernel serves at most two V scale groups)."""
+    k, v = random_kv(1, 1, group_size + 6, dim, device=device, seed=110 + dim)
+    q = random_q(1, 2, dim, device=device, seed=111)
+    run_checked(record, q, _cache(k, v, group_size=group_size), original=(k, v))
+
+
+@pytest.mark.parametrize("group_size, dim", [(32, 64), (128, 128)])
+def test_group_sizes(record, device, group_size, dim):
+    """G = 32 (two V scale groups per token of D = 64, tile 32) and G = 128 (one group, tile 64)."""
+    k, v = random_kv(1, 1, 2 * group_size + 5, dim, device=device, seed=120 + group_size)
+    q = random_q(1, 1, dim, device=device, seed=121)
+    run_checked(record, q, _cache(k, v, group_size=group_size), original=(k, v))
+
+
+def test_fp32_scales_and_fp32_cache(record, device):
+    k, v = random_kv(1, 2, 150, 64, device=device, seed=130, dtype=torch.float32)
+    q = random_q(1, 2, 64, device=device, seed=131)
+    run_checked(record, q, _cache(k, v, scale_dtype=torch.float32), original=(k, v))
+
+
+def test_bf16(record, device):
+    k, v = random_kv(2, 1, 100, 64, device=device, seed=140, dtype=torch.bfloat16)
+    q = random_q(2, 4, 64, device=device, seed=141, dtype=torch.bfloat16)
+    run_checked(record, q, _cache(k, v), original=(k, v))
+
+
+def test_sm_scale_and_splits(record, device):
+    """An explicit sm_scale; one split, several, and more splits than tiles (empty splits)
+    all agree with the reference."""
+    k, v = random_kv(1, 2, 330, 64, device=device, seed=150)
+    q = random_q(1, 2, 64, device=device, seed=151)
+    cache = _cache(k, v)
+    outs = [run_checked(record, q, cache, sm_scale=0.3, num_splits=n) for n in (1, 3, 64)]
+    spread = max(errors(o, outs[0])["max_abs_err"] for o in outs)
+    record.add(split_spread=spread)
+    assert spread <= 2e-3
+
+
+def test_streaming_appends(record, device):
+    """Token-by-token appends across a group boundary: the cached decode view follows the cache."""
+    k, v = random_kv(1, 1, 70, 64, device=device, seed=160)
+    q = random_q(1, 1, 64, device=device, seed=161)
+    cache = _cache(k[:, :, :60], v[:, :, :60])
+    worst = 0.0
+    for t in range(60, 70):
+        cache.append(k[:, :, t], v[:, :, t], backend="torch")
+        out = decode_attention(q, cache, backend="triton", out=poisoned_like(q))
+        worst = max(worst, errors(out, reference_decode(q, cache))["max_abs_err"])
+    record.backend, record.device = "triton", str(device)
+    record.add(max_abs_err=worst, states_checked=10 * q.numel())
+    assert worst <= 2e-3
+
+
+@pytest.mark.parametrize("tile, warps", [(32, 1), (16, 1), (32, 2)])
+def test_other_layouts(record, device, tile, warps):
+    """Arrangements for other tile sizes and warp counts compute the same attention."""
+    k, v = random_kv(1, 2, 100, 64, device=device, seed=170)
+    q = random_q(1, 4, 64, device=device, seed=171)
+    cache = _cache(k, v)
+    run_checked(record, q, decode_view(cache, tile=tile, warps=warps))

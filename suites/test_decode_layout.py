@@ -1,0 +1,130 @@
+"""The decode cache layouts: the tile word arrangement and the paged pool are bijections with
+the canonical format, each thread's words are its own tensor-core fragment, and the cached
+decode view follows its cache."""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+import torch
+from decode_support import random_kv, varlen_cache
+
+import kernels
+from kernels import paged
+from kernels.packing import unpack_bits
+
+LAYOUTS = [
+    (bits, d, tile, warps)
+    for bits, d, (tile, warps) in itertools.product((2, 3, 4), paged.DECODE_HEAD_DIMS,
+                                                    itertools.product(paged.TILES, paged.WARPS))
+    if tile >= 8 * warps and 1 <= d * tile // (1024 * warps) <= 8
+]
+
+
+def _record(record, **metrics):
+    record.backend, record.device, record.variant = "torch", "cpu", "layout"
+    record.add(**metrics)
+
+
+@pytest.mark.parametrize("bits", [2, 3, 4])
+def test_bit_table_is_a_bijection(record, bits):
+    """Every (value, bit) of a 32-value group sits in exactly one (plane, position), and both
+    values of a register pair sit at the same offset of the two 16-bit halves."""
+    table = paged.decode_bit_table(bits)
+    assert sorted(table) == [(n, i) for n in range(32) for i in range(bits)]
+    where = {entry: slot for slot, entry in enumerate(table)}
+    for n in range(0, 32, 2):
+        for i in range(bits):
+            lo, hi = where[(n, i)], where[(n + 1, i)]
+            assert lo // 32 == hi // 32 and hi % 32 == lo % 32 + 16
+    _record(record, states_checked=bits * 32, bit_errors=0)
+
+
+@pytest.mark.parametrize("bits, d, tile, warps", LAYOUTS, ids=[f"b{b}-d{d}-t{t}w{w}" for b, d, t, w in LAYOUTS])
+def test_tile_arrangement_round_trip(record, bits, d, tile, warps):
+    """codes -> words -> codes and words -> codes -> words are identities (random data, all
+    layouts), and the kernel twin unpacks each tile to the canonical values."""
+    gen = torch.Generator().manual_seed(bits * 1000 + d + tile + warps)
+    codes = torch.randint(0, 256, (2, 3, 2 * tile, d * bits // 8), dtype=torch.uint8, generator=gen)
+    values = unpack_bits(codes, bits)
+    errors = 0
+    for role in ("k", "v"):
+        words = paged.words_from_codes(codes, bits, role, tile, warps)
+        assert words.shape == (2, 3, 2, tile * d * bits // 32)
+        errors += int((paged.codes_from_words(words, bits, role, d, tile, warps) != codes).sum())
+        tiles = paged.unpack_tile(words, bits, role, d, tile, warps)
+        want = values.reshape(2, 3, 2, tile, d)
+        errors += int((tiles != (want if role == "k" else want.transpose(-1, -2))).sum())
+        noise = torch.randint(-2**31, 2**31 - 1, words.shape, dtype=torch.int64, generator=gen).to(torch.int32)
+        back = paged.words_from_codes(paged.codes_from_words(noise, bits, role, d, tile, warps), bits, role,
+                                      tile, warps)
+        errors += int((back != noise).sum())
+    _record(record, states_checked=4 * codes.numel() * 8, bit_errors=errors)
+    assert errors == 0
+
+
+@pytest.mark.parametrize("d, tile, warps", [(128, 64, 4), (64, 32, 2), (128, 16, 1), (256, 64, 4)])
+def test_threads_hold_their_mma_fragments(record, d, tile, warps):
+    """Thread T's values are exactly the m16n8k16 B-operand fragment it holds with warps along N:
+    lanes carry (k2, k3, n0, n1, n2), warps n3 n4..., registers every other bit."""
+    for role in ("k", "v"):
+        n, k = paged.tile_shape(role, d, tile)
+        threads = 32 * warps
+        per = n * k // threads
+        # tag every value with its thread: the word arrangement of a tile whose value is T
+        owner = torch.arange(threads).repeat_interleave(per).reshape(threads, per)
+        placed = paged._place(owner, n, k, warps)  # [N, K] -> owning thread
+        rows = torch.arange(n)[:, None]
+        cols = torch.arange(k)[None, :]
+        lane = ((cols >> 2) & 3) | ((rows & 7) << 2)
+        warp = (rows >> 3) & (warps - 1)
+        assert torch.equal(placed, lane + 32 * warp), role
+    _record(record, states_checked=2 * d * tile, bit_errors=0)
+
+
+def test_paged_round_trip(record):
+    """Contiguous -> shuffled pages in a larger pool -> contiguous gives back every tensor."""
+    lens = [300, 77, 5]
+    k, v = random_kv(3, 2, max(lens), 64, seed=200)
+    cache = varlen_cache(k, v, lens, poison=False)
+    pool = paged.paged_from_contiguous(cache, 128, num_pages=11, generator=torch.Generator().manual_seed(201))
+    assert pool.block_table.unique().numel() == pool.block_table.numel()
+    back = paged.paged_to_contiguous(pool)
+    for name in ("k_codes", "v_codes", "k_scale", "k_zero", "v_scale", "v_zero", "k_residual", "v_residual",
+                 "seq_lens"):
+        ours, theirs = getattr(back, name), getattr(cache, name)
+        assert torch.equal(ours[:, :, : theirs.shape[2]] if ours.dim() > 1 else ours, theirs), name
+    _record(record, states_checked=cache.nbytes(), bit_errors=0, pages=pool.num_pages)
+
+
+def test_view_is_cached_and_follows_appends(record):
+    """The decode view is built once; an append inside the residual window keeps it, one that
+    completes a group (codes change) and a capacity change rebuild it."""
+    k, v = random_kv(1, 1, 140, 64, seed=210)
+    cache = kernels.quantize_kv(k[:, :, :100], v[:, :, :100], 3, backend="torch", capacity=128)
+    first = paged.decode_view(cache)
+    assert paged.decode_view(cache) is first
+    cache.append(k[:, :, 100], v[:, :, 100], backend="torch")
+    assert paged.decode_view(cache) is first
+    cache.append(k[:, :, 101:128], v[:, :, 101:128], backend="torch")  # completes group 1
+    second = paged.decode_view(cache)
+    assert second is not first
+    cache.append(k[:, :, 128:140], v[:, :, 128:140], backend="torch")
+    cache.reserve(512)
+    third = paged.decode_view(cache)
+    assert third is not second and third.page_size == 512
+    want = paged.words_from_codes(cache.k_codes, 3, "k", third.tile, third.warps)
+    assert torch.equal(third.k_words.reshape(want.shape), want)
+    _record(record, states_checked=3, bit_errors=0)
+
+
+def test_read_bytes(record):
+    """The bytes a decode step must read: codes, scales and zeros of quantized tokens, residual rows."""
+    k, v = random_kv(2, 4, 200, 128, seed=220)
+    cache = kernels.quantize_kv(k, v, 3, backend="torch")
+    view = paged.decode_view(cache)
+    per_token = 4 * (2 * 128 * 3 / 8 + 4 * 2 * 2)  # heads * (K+V codes + K and V scale, zero)
+    want = 2 * (192 * per_token + 8 * 4 * 2 * 128 * 2)
+    assert view.read_bytes() == int(want)
+    _record(record, states_checked=1, bytes=view.read_bytes())

@@ -1,0 +1,50 @@
+"""Fixtures for the harness's own tests: pytester, synthetic result sets, a rendered report."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+from synthetic import write_legs
+
+pytest_plugins = ["pytester"]
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture
+def legs(tmp_path) -> list[Path]:
+    """Three run directories (two GPU legs, one killed interpreter leg); fresh per test."""
+    return write_legs(tmp_path / "runs")
+
+
+@pytest.fixture(scope="session")
+def rendered(tmp_path_factory) -> dict:
+    """The synthetic legs rendered once through the command line, with a baseline from one leg."""
+    from harness.report import load_results, write_baseline
+    from harness.report.cli import main
+
+    root = tmp_path_factory.mktemp("rendered")
+    legs = write_legs(root / "runs")
+    baseline = root / "baseline.json"
+    write_baseline(baseline, load_results([legs[0]]))
+    out = root / "report.html"
+    assert main(["report", str(root / "runs"), "-o", str(out), "--baseline", str(baseline)]) == 0
+    return {
+        "root": root,
+        "legs": legs,
+        "baseline": baseline,
+        "html_path": out,
+        "html": out.read_text(encoding="utf-8"),
+        "junit": root / "report.junit.xml",
+        "markdown": root / "report.md",
+    }
+
+
+@pytest.fixture(scope="session")
+def chromium() -> str:
+    path = shutil.which("chromium") or shutil.which("chromium-browser")
+    if path is None:
+        pytest.skip("chromium is not installed (apt-get install -y chromium; .ci/run installs it)")
+    return path

@@ -1,0 +1,412 @@
+"""The command lines nox runs (harness/commands.py), the GPU worker pinning plugin
+(harness/gpu_workers.py), the pipeline's pure parts, the Dockerfile and the workflows."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from harness import commands, gpu_workers, pipeline
+from harness.commands import GpuLeg, InterpreterLeg
+
+ROOT = Path(__file__).resolve().parent.parent
+LEG = GpuLeg("2.11.0", "3.6.0", "13.0.1", "cu130")
+PY = "/venv/bin/python"
+
+
+def _version(v: str) -> tuple[int, ...]:
+    return tuple(int(p) for p in v.split("."))
+
+
+# -- leg tables ------------------------------------------------------------------------------------
+
+
+def test_interpreter_legs_cover_three_triton_releases_with_one_torch():
+    tritons = [leg.triton for leg in commands.INTERPRETER_LEGS]
+    assert len(set(tritons)) >= 3
+    assert {leg.torch for leg in commands.INTERPRETER_LEGS} == {commands.CPU_TORCH}
+    assert min(tritons, key=_version) == "3.4.0"  # the oldest release pyproject admits
+    assert len({leg.name for leg in commands.INTERPRETER_LEGS}) == len(tritons)
+
+
+def test_gpu_legs_are_consistent():
+    names = [leg.name for leg in commands.GPU_LEGS]
+    assert len(set(names)) == len(names) >= 3
+    tag = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}$")
+    for leg in commands.GPU_LEGS:
+        # load_inline refuses an nvcc whose CUDA major differs from torch's build
+        assert leg.index == "cu" + "".join(leg.cuda.split(".")[:2]), leg
+        repo, _, version = leg.image.partition(":")
+        assert repo == commands.IMAGE_NAME and tag.match(version), leg.image
+        assert leg.cuda_image == f"nvidia/cuda:{leg.cuda}-devel-ubuntu24.04"
+        assert leg.torch_index_url == f"https://download.pytorch.org/whl/{leg.index}"
+    assert ("2.11.0", "3.6.0") in {(leg.torch, leg.triton) for leg in commands.GPU_LEGS}
+
+
+def test_session_ids_are_nox_parametrize_ids():
+    assert InterpreterLeg("3.6.0").session == "tests(triton='3.6.0')"
+    assert LEG.session == "gpu_verify(torch='2.11.0', triton='3.6.0')"
+    assert LEG.container_session == "container(torch='2.11.0', triton='3.6.0')"
+
+
+def test_compile_versions_are_the_union_of_both_tables_oldest_first():
+    versions = commands.compile_triton_versions()
+    expected = {leg.triton for leg in commands.INTERPRETER_LEGS} | {leg.triton for leg in commands.GPU_LEGS}
+    assert set(versions) == expected
+    assert list(versions) == sorted(versions, key=_version)
+
+
+def test_leg_lookup():
+    assert commands.interpreter_leg("3.4.0").name == "cpu-torch2.13.0-triton3.4.0"
+    assert commands.gpu_leg("2.11.0", "3.6.0").name == "gpu-torch2.11.0-triton3.6.0"
+    with pytest.raises(ValueError, match="no interpreter leg for triton '9.9.9'"):
+        commands.interpreter_leg("9.9.9")
+    with pytest.raises(ValueError, match="no GPU leg"):
+        commands.gpu_leg("2.11.0", "3.4.0")
+    assert commands.installed_leg_name("2.11.0+cu130", "3.6.0", gpu=True) == "gpu-torch2.11.0+cu130-triton3.6.0"
+    assert commands.installed_leg_name("2.13.0+cpu", "3.9.0", gpu=False) == "cpu-torch2.13.0+cpu-triton3.9.0"
+
+
+# -- install and pytest commands -------------------------------------------------------------------
+
+
+def test_install_commands():
+    assert commands.install_commands("2.13.0", "3.4.0") == [
+        ["torch==2.13.0"], ["triton==3.4.0", "-e", ".[test,report]"]]
+    assert commands.install_commands("2.11.0", "3.6.0", index_url="https://x/cu130") == [
+        ["--index-url", "https://x/cu130", "torch==2.11.0"], ["triton==3.6.0", "-e", ".[test,report]"]]
+    assert commands.install_commands("2.13.0", None, extras=None) == [["torch==2.13.0"], ["-e", "."]]
+
+
+def test_pytest_command_pins_gpus_before_anything_else():
+    cmd = commands.pytest_command(PY, ["suites"], marker="not bench", results_dir="r/x", leg="L",
+                                  workers=2, pin_gpus=True, timeout=900, timeout_method="thread",
+                                  extra=["-k", "pack"])
+    assert cmd == [PY, "-m", "pytest", "-p", "harness.gpu_workers", "suites", "-m", "not bench",
+                   "--results-dir", "r/x", "--leg", "L", "-n", "2", "--dist", "worksteal",
+                   "--timeout=900", "--timeout-method=thread", "-k", "pack"]
+
+
+def test_pytest_command_serial_without_timeout():
+    cmd = commands.pytest_command(PY, ["suites"], marker="bench", results_dir="r", leg="L", workers=0)
+    assert cmd == [PY, "-m", "pytest", "suites", "-m", "bench", "--results-dir", "r", "--leg", "L"]
+
+
+def test_report_command():
+    assert commands.report_command(PY, ["reports/runs/a", "reports/runs/b"], baseline="reports/baselines/h.json") == [
+        PY, "-m", "harness", "report", "reports/runs/a", "reports/runs/b",
+        "-o", "reports/report.html", "--junit", "reports/junit.xml", "--summary-md", "reports/summary.md",
+        "--baseline", "reports/baselines/h.json"]
+    assert commands.report_command(PY, ["d"], reports_dir="out")[-6:] == [
+        "-o", "out/report.html", "--junit", "out/junit.xml", "--summary-md", "out/summary.md"]
+
+
+# -- pipeline plans --------------------------------------------------------------------------------
+
+
+def test_plan_tests_runs_unit_tests_and_suites_in_the_interpreter():
+    (step,) = commands.plan("tests", python=PY, leg="cpu-L", gpus=[])
+    assert step.name == "suites" and step.results_dir == "reports/runs/tests-cpu-L"
+    assert step.argv == [PY, "-m", "pytest", "tests", "suites", "-m", "not bench",
+                         "--results-dir", "reports/runs/tests-cpu-L", "--leg", "cpu-L",
+                         "-n", "auto", "--dist", "worksteal", f"--timeout={commands.DEFAULT_TIMEOUT_S}"]
+    assert step.env["TRITON_INTERPRET"] == "1" and step.env["CUDA_VISIBLE_DEVICES"] == ""
+    assert "harness.gpu_workers" not in step.argv
+
+
+def test_plan_tests_ignores_gpus():
+    (step,) = commands.plan("tests", python=PY, leg="L", gpus=["0", "1"])
+    assert step.env == commands.INTERPRETER_ENV and "KVH_GPUS" not in step.env
+
+
+def test_plan_gpu_verify_spreads_suites_over_gpus_then_benchmarks_serially():
+    suites, bench = commands.plan("gpu_verify", python=PY, leg="gpu-L", gpus=["2", "3"], timeout=600)
+    assert suites.argv == [PY, "-m", "pytest", "-p", "harness.gpu_workers", "suites", "-m", "not bench",
+                           "--results-dir", "reports/runs/gpu_verify-gpu-L", "--leg", "gpu-L",
+                           "-n", "2", "--dist", "worksteal", "--timeout=600", "--timeout-method=thread"]
+    assert suites.env["KVH_GPUS"] == "2,3" and suites.env["TRITON_INTERPRET"] == "0"
+    assert "CUDA_VISIBLE_DEVICES" not in suites.env
+    assert bench.argv == [PY, "-m", "pytest", "suites", "-m", "bench",
+                          "--results-dir", "reports/runs/gpu_verify-gpu-L-bench", "--leg", "gpu-L",
+                          "--timeout=600"]
+    assert bench.ok == (0, 5) and suites.ok == (0,)
+    assert "KVH_GPUS" not in bench.env and bench.env["TRITON_INTERPRET"] == "0"
+
+
+def test_plan_one_gpu_still_uses_one_isolated_worker_and_workers_per_gpu_multiplies():
+    (suites, _) = commands.plan("gpu_verify", python=PY, leg="L", gpus=["0"])
+    assert suites.argv[suites.argv.index("-n") + 1] == "1"
+    (suites, _) = commands.plan("gpu_verify", python=PY, leg="L", gpus=["0", "1"], workers_per_gpu=3)
+    assert suites.argv[suites.argv.index("-n") + 1] == "6"
+
+
+def test_plan_verify_falls_back_to_the_interpreter_without_gpus():
+    (step,) = commands.plan("verify", python=PY, leg="L", gpus=[])
+    assert step.argv[3] == "suites" and step.env == commands.INTERPRETER_ENV
+    assert [s.name for s in commands.plan("verify", python=PY, leg="L", gpus=["0"])] == ["suites", "benchmarks"]
+    assert [s.name for s in commands.plan("verify", python=PY, leg="L", gpus=["0"], bench=False)] == ["suites"]
+
+
+def test_plan_bench_alone():
+    (step,) = commands.plan("bench", python=PY, leg="L", gpus=[], timeout=None)
+    assert step.argv == [PY, "-m", "pytest", "suites", "-m", "bench", "--results-dir", "reports/runs/bench-L",
+                         "--leg", "L"]
+    assert step.env == commands.INTERPRETER_ENV
+    (step,) = commands.plan("bench", python=PY, leg="L", gpus=["0"])
+    assert step.env == commands.GPU_ENV
+
+
+def test_plan_rejects_bad_requests():
+    with pytest.raises(ValueError, match="gpu_verify needs at least one GPU"):
+        commands.plan("gpu_verify", python=PY, leg="L", gpus=[])
+    with pytest.raises(ValueError, match="kind must be one of"):
+        commands.plan("nightly", python=PY, leg="L", gpus=[])
+    with pytest.raises(ValueError, match="workers_per_gpu must be >= 1"):
+        commands.plan("gpu_verify", python=PY, leg="L", gpus=["0"], workers_per_gpu=0)
+
+
+# -- compile checks --------------------------------------------------------------------------------
+
+
+def test_aot_and_nvcc_commands():
+    assert commands.aot_command(PY) == [PY, "-m", "kernels.aot", "--arch", "80", "90", "100"]
+    assert commands.AOT_ENV == {"TRITON_INTERPRET": "0"}
+    assert commands.nvcc_command("kernels/cuda/x.cu", "/tmp/x.o", ["/t/include", "/py"]) == [
+        "nvcc", "-arch=sm_90", "-std=c++20", "-O3", "--use_fast_math", "-lineinfo",
+        "-include", "torch/types.h", "-include", "cuda.h", "-include", "cuda_runtime.h",
+        "-I/t/include", "-I/py", "-c", "kernels/cuda/x.cu", "-o", "/tmp/x.o"]
+
+
+# -- docker ----------------------------------------------------------------------------------------
+
+
+def test_docker_build_command():
+    assert commands.docker_build_command(LEG, context="/src", dockerfile="/src/docker/Dockerfile") == [
+        "docker", "build", "--file", "/src/docker/Dockerfile",
+        "--build-arg", "CUDA_IMAGE=nvidia/cuda:13.0.1-devel-ubuntu24.04",
+        "--build-arg", "TORCH=2.11.0", "--build-arg", "TRITON=3.6.0",
+        "--build-arg", "TORCH_INDEX_URL=https://download.pytorch.org/whl/cu130",
+        "--tag", "kvbits-gpu:torch2.11.0-triton3.6.0-cuda13.0.1", "/src"]
+
+
+def test_docker_run_command_runs_the_legs_gpu_verify_as_the_calling_user():
+    cmd = commands.docker_run_command(LEG, repo="/src", cache="/home/u/.cache/kv", uid=1001, gid=121,
+                                      environ={"CI": "true", "GITHUB_SHA": "abc", "HOME": "/home/u", "GITHUB_REF": ""})
+    assert cmd == [
+        "docker", "run", "--rm", "--init", "--gpus", "all", "--user", "1001:121",
+        "--volume", "/src:/workspace", "--volume", "/home/u/.cache/kv:/cache", "--workdir", "/workspace",
+        "--env", "CI", "--env", "GITHUB_SHA",
+        "kvbits-gpu:torch2.11.0-triton3.6.0-cuda13.0.1",
+        "python", "-m", "nox", "--no-venv", "-s", "gpu_verify(torch='2.11.0', triton='3.6.0')"]
+
+
+def test_docker_run_command_other_session_with_arguments():
+    cmd = commands.docker_run_command(LEG, repo="/src", cache="/c", uid=0, gid=0, session="bench",
+                                      args=["-k", "int8"])
+    assert cmd[cmd.index(LEG.image) + 1:] == ["python", "-m", "nox", "--no-venv", "-s", "bench", "--", "-k", "int8"]
+    assert "--env" not in cmd
+
+
+def test_dockerfile_takes_the_build_args_and_runs_unprivileged():
+    text = (ROOT / "docker" / "Dockerfile").read_text()
+    args = set(re.findall(r"^ARG (\w+)", text, flags=re.M))
+    passed = {a.split("=", 1)[0] for a in commands.docker_build_command(LEG)[5:-3:2]}
+    assert passed == {"CUDA_IMAGE", "TORCH", "TRITON", "TORCH_INDEX_URL"}
+    assert passed <= args
+    assert re.search(r"^FROM \$\{CUDA_IMAGE\}$", text, flags=re.M)
+    users = re.findall(r"^USER (\S+)", text, flags=re.M)
+    assert users and users[-1].split(":")[0] not in ("root", "0")
+    for var in ("TRITON_CACHE_DIR", "KVH_EXT_DIR"):
+        assert f"{var}={commands.CONTAINER_CACHE}/" in text
+    ignore = (ROOT / ".dockerignore").read_text().split()
+    assert ignore[ignore.index("*"):] == ["*", "!pyproject.toml"]
+
+
+# -- GitHub workflows ------------------------------------------------------------------------------
+
+
+def _workflow(name: str) -> str:
+    return (ROOT / ".github" / "workflows" / name).read_text()
+
+
+def test_gpu_workflow_never_runs_pull_requests_on_the_gpu_runner():
+    text = _workflow("gpu-verify.yml")
+    code = "\n".join(line.split("#", 1)[0] for line in text.splitlines())
+    assert "pull_request" not in code
+    assert "runs-on: [self-hosted, linux, gpu]" in text
+    for trigger in ("push:", "workflow_dispatch:", "schedule:"):
+        assert f"\n  {trigger}" in text
+    assert "github.event.repository.fork != true" in text
+    assert "python -m harness.commands matrix gpu" in text
+    assert 'nox -s "$SESSION" -- gpu_verify' in text and "matrix.leg.container_session" in text
+    assert '>> "$GITHUB_STEP_SUMMARY"' in text
+
+
+def test_workflow_uploads_are_unique_and_unconditional():
+    for name in ("gpu-verify.yml", "ci.yml"):
+        text = _workflow(name)
+        steps = text.split("\n      - ")
+        uploads = [s for s in steps if "actions/upload-artifact@" in s]
+        assert uploads, name
+        for step in uploads:
+            assert "if: always()" in step, step
+            assert "${{ matrix.leg.name }}-${{ github.run_id }}-${{ github.run_attempt }}" in step, step
+        for use in re.findall(r"uses: (\S+)", text):
+            assert re.match(r"^[\w-]+/[\w-]+@[0-9a-f]{40}$", use), f"{name}: {use} is not pinned to a commit"
+
+
+def test_ci_workflow_runs_every_interpreter_leg_lint_and_compile_matrix():
+    text = _workflow("ci.yml")
+    assert "python -m harness.commands matrix interpreter" in text
+    assert 'nox -s "$SESSION"' in text and "matrix.leg.session" in text
+    assert "nox -s lint" in text and "nox -s compile_matrix" in text
+    assert "runs-on: ubuntu-latest" in text and "self-hosted" not in text
+
+
+def test_matrix_rows_and_cli(capsys):
+    gpu = commands.matrix("gpu")
+    assert [r["name"] for r in gpu] == [leg.name for leg in commands.GPU_LEGS]
+    assert gpu[1]["container_session"] == commands.GPU_LEGS[1].container_session
+    assert commands.matrix("interpreter", "cpu-torch2.13.0-triton3.6.0") == [
+        {"name": "cpu-torch2.13.0-triton3.6.0", "torch": "2.13.0", "triton": "3.6.0",
+         "session": "tests(triton='3.6.0')"}]
+    with pytest.raises(ValueError, match="no gpu leg named 'nope'"):
+        commands.matrix("gpu", "nope")
+    assert commands.main(["matrix", "gpu", "--only", ""]) == 0
+    assert json.loads(capsys.readouterr().out) == gpu
+    with pytest.raises(SystemExit):
+        commands.main(["matrix", "gpu", "--only", "nope"])
+
+
+# -- GPU worker pinning ----------------------------------------------------------------------------
+
+
+def test_device_for_worker():
+    assert gpu_workers.parse_devices(" 0, 2,,GPU-ab ") == ["0", "2", "GPU-ab"]
+    assert gpu_workers.parse_devices(None) == []
+    assert [gpu_workers.device_for_worker(f"gw{i}", ["4", "6"]) for i in range(5)] == ["4", "6", "4", "6", "4"]
+    assert gpu_workers.device_for_worker("gw1", ["GPU-a", "GPU-b"]) == "GPU-b"
+    with pytest.raises(ValueError, match="worker_id must look like 'gw<N>'"):
+        gpu_workers.device_for_worker("master", ["0"])
+    with pytest.raises(ValueError, match="at least one GPU"):
+        gpu_workers.device_for_worker("gw0", [])
+
+
+def test_pin_changes_only_workers(tmp_path):
+    controller = {"KVH_GPUS": "0,1", "CUDA_VISIBLE_DEVICES": "0,1"}
+    assert gpu_workers.pin(controller) is None
+    assert controller == {"KVH_GPUS": "0,1", "CUDA_VISIBLE_DEVICES": "0,1"}
+    no_list = {"PYTEST_XDIST_WORKER": "gw0"}
+    assert gpu_workers.pin(no_list) is None and "CUDA_VISIBLE_DEVICES" not in no_list
+
+    worker = {"PYTEST_XDIST_WORKER": "gw3", "KVH_GPUS": "0,1", "KVH_EXT_DIR": str(tmp_path)}
+    assert gpu_workers.pin(worker) == "1"
+    assert worker["CUDA_VISIBLE_DEVICES"] == "1"
+    assert worker["KVH_EXT_DIR"] == str(tmp_path / "gpu-1")
+    assert gpu_workers.pin(worker) == "1" and worker["KVH_EXT_DIR"] == str(tmp_path / "gpu-1")
+
+    default_root = {"PYTEST_XDIST_WORKER": "gw0", "KVH_GPUS": "GPU-x"}
+    gpu_workers.pin(default_root)
+    assert default_root["KVH_EXT_DIR"] == str(gpu_workers.DEFAULT_EXT_ROOT / "gpu-GPU-x")
+
+
+_INNER_CONFTEST = '''
+import os, torch
+SEEN_AT_IMPORT = os.environ.get("CUDA_VISIBLE_DEVICES")
+torch.cuda.is_available()  # what the root conftest does: CUDA reads the variable here
+'''
+_INNER_TEST = '''
+import json, os, pathlib, pytest
+import conftest
+
+@pytest.mark.parametrize("i", range(6))
+def test_where(i, record):
+    record.add(i=i)
+    out = pathlib.Path(os.environ["OUT_DIR"]) / f"{os.environ['PYTEST_XDIST_WORKER']}.json"
+    out.write_text(json.dumps({"at_import": conftest.SEEN_AT_IMPORT,
+                               "now": os.environ.get("CUDA_VISIBLE_DEVICES"),
+                               "ext": os.environ.get("KVH_EXT_DIR")}))
+
+def test_without_record():
+    pass
+'''
+
+
+def test_xdist_workers_are_pinned_before_conftest_and_records_name_their_gpu(tmp_path):
+    suite = tmp_path / "suite"
+    suite.mkdir()
+    (suite / "conftest.py").write_text(_INNER_CONFTEST)
+    (suite / "test_inner.py").write_text(_INNER_TEST)
+    (suite / "pytest.ini").write_text("[pytest]\n")
+    out, results = tmp_path / "out", tmp_path / "results"
+    out.mkdir()
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "KVH_GPUS": "5,7", "OUT_DIR": str(out),
+           "KVH_EXT_DIR": str(tmp_path / "ext"), "CUDA_VISIBLE_DEVICES": "5,7"}
+    env.pop("PYTEST_XDIST_WORKER", None)
+    env.pop(gpu_workers.PINNED_VAR, None)
+    cmd = commands.pytest_command(sys.executable, ["."], marker="not bench", results_dir=str(results),
+                                  leg="pin-check", workers=2, pin_gpus=True)
+    cmd[3:3] = ["-p", "harness.plugin", "-p", "no:cacheprovider"]
+    run = subprocess.run(cmd, cwd=suite, env=env, capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    seen = {p.stem: json.loads(p.read_text()) for p in out.glob("gw*.json")}
+    assert set(seen) == {"gw0", "gw1"}, run.stdout[-2000:]
+    for worker, device in (("gw0", "5"), ("gw1", "7")):
+        assert seen[worker] == {"at_import": device, "now": device, "ext": str(tmp_path / "ext" / f"gpu-{device}")}
+    records = [json.loads(line) for line in (results / "records.jsonl").read_text().splitlines()]
+    assert len(records) == 7
+    for rec in records:
+        assert rec["metrics"]["gpu"] == {"gw0": "5", "gw1": "7"}[rec["worker"]], rec
+    assert {rec["metrics"].get("i") for rec in records} == {0, 1, 2, 3, 4, 5, None}
+
+
+# -- pipeline helpers ------------------------------------------------------------------------------
+
+
+def test_visible_devices():
+    assert pipeline.visible_devices(2, {}) == ["0", "1"]
+    assert pipeline.visible_devices(2, {"CUDA_VISIBLE_DEVICES": "3,1"}) == ["3", "1"]
+    assert pipeline.visible_devices(1, {"CUDA_VISIBLE_DEVICES": "GPU-a,GPU-b"}) == ["GPU-a"]
+    assert pipeline.visible_devices(0, {"CUDA_VISIBLE_DEVICES": ""}) == []
+
+
+def test_pick_baseline(tmp_path, monkeypatch):
+    monkeypatch.delenv("KVH_BASELINE", raising=False)
+    folder = tmp_path / "reports" / "baselines"
+    folder.mkdir(parents=True)
+    assert pipeline.pick_baseline(None, "L", gpu=True, root=tmp_path) is None
+    (folder / "h200.json").write_text("{}")
+    assert pipeline.pick_baseline(None, "L", gpu=True, root=tmp_path) == str(folder / "h200.json")
+    assert pipeline.pick_baseline(None, "L", gpu=False, root=tmp_path) is None
+    (folder / "L.json").write_text("{}")
+    assert pipeline.pick_baseline(None, "L", gpu=True, root=tmp_path) == str(folder / "L.json")
+    (folder / "L.json").unlink()
+    (folder / "other.json").write_text("{}")
+    assert pipeline.pick_baseline(None, "L", gpu=True, root=tmp_path) is None  # ambiguous: none
+    assert pipeline.pick_baseline("x.json", "L", gpu=False, root=tmp_path) == "x.json"
+    monkeypatch.setenv("KVH_BASELINE", "env.json")
+    assert pipeline.pick_baseline(None, "L", gpu=False, root=tmp_path) == "env.json"
+
+
+def test_family_run_dirs(tmp_path):
+    runs = tmp_path / "runs"
+    for name in ("tests-cpu-a", "tests-cpu-b", "gpu_verify-gpu-a", "gpu_verify-gpu-a-bench"):
+        (runs / name).mkdir(parents=True)
+    (runs / "tests-stray.txt").write_text("")
+    assert pipeline.family_run_dirs("tests", str(tmp_path)) == [str(runs / "tests-cpu-a"), str(runs / "tests-cpu-b")]
+    assert len(pipeline.family_run_dirs("gpu_verify", str(tmp_path))) == 2
+    assert pipeline.family_run_dirs("bench", str(tmp_path / "none")) == []
+    assert len(pipeline.all_run_dirs(str(tmp_path))) == 4
+
+
+def test_pipeline_passes_unknown_arguments_to_pytest_in_order():
+    args, extra = pipeline.build_parser().parse_known_args(
+        ["gpu_verify", "-k", "pack and not slow", "--workers-per-gpu", "2", "-x", "--no-bench"])
+    assert (args.kind, args.workers_per_gpu, args.no_bench) == ("gpu_verify", 2, True)
+    assert extra == ["-k", "pack and not slow", "-x"]

@@ -1,0 +1,289 @@
+"""noxfile.py: the sessions nox lists, what each one installs and runs (a recording stand-in for
+nox's Session, no virtualenv built), and gpu_verify refusing to run without a CUDA device."""
+
+from __future__ import annotations
+
+import importlib.util
+import itertools
+import os
+import subprocess
+import sys
+import warnings
+from pathlib import Path
+
+import pytest
+
+nox = pytest.importorskip("nox")
+from nox.command import CommandFailed  # noqa: E402
+
+from harness import commands  # noqa: E402
+
+ROOT = Path(__file__).resolve().parent.parent
+NO_GPU = {**os.environ, "CUDA_VISIBLE_DEVICES": ""}
+_ids = itertools.count()
+
+
+def load_noxfile():
+    """A fresh copy of noxfile.py (its once-per-invocation state starts empty)."""
+    spec = importlib.util.spec_from_file_location(f"noxfile_copy_{next(_ids)}", ROOT / "noxfile.py")
+    module = importlib.util.module_from_spec(spec)
+    with warnings.catch_warnings():  # nox warns when a session name is registered again
+        warnings.simplefilter("ignore", FutureWarning)
+        spec.loader.exec_module(module)
+    return module
+
+
+class Stop(Exception):
+    """session.skip / session.error."""
+
+
+class FakeSession:
+    def __init__(self, tmp_path, *, venv_backend="virtualenv", posargs=(), failing=(), output=""):
+        self.venv_backend = venv_backend
+        self.posargs = list(posargs)
+        self.failing = failing
+        self.output = output
+        self.tmp = tmp_path
+        self.calls: list[tuple] = []
+        self.warnings: list[str] = []
+
+    def _maybe_fail(self, args):
+        if any(f in args for f in self.failing):
+            raise CommandFailed("planned failure")
+
+    def install(self, *args, **kwargs):
+        self.calls.append(("install", args))
+        self._maybe_fail(args)
+
+    def run(self, *args, env=None, external=False, silent=False, **kwargs):
+        self.calls.append(("run", args, env))
+        self._maybe_fail(args)
+        return self.output if silent else True
+
+    def log(self, *args):
+        pass
+
+    def warn(self, *args):
+        self.warnings.append(" ".join(map(str, args)))
+
+    def skip(self, *args):
+        raise Stop("skip: " + " ".join(map(str, args)))
+
+    def error(self, *args):
+        raise Stop("error: " + " ".join(map(str, args)))
+
+    def create_tmp(self):
+        return str(self.tmp)
+
+    def runs(self):
+        return [c[1] for c in self.calls if c[0] == "run"]
+
+    def installs(self):
+        return [list(c[1]) for c in self.calls if c[0] == "install"]
+
+
+# -- nox -l ----------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def listing() -> list[tuple[bool, str, str]]:
+    """``nox -l`` as (selected by default, session id, description) rows."""
+    out = subprocess.run([sys.executable, "-m", "nox", "-l"], cwd=ROOT, capture_output=True, text=True,
+                         timeout=120)
+    assert out.returncode == 0, out.stderr
+    rows = []
+    for line in out.stdout.splitlines():
+        if line[:2] in ("* ", "- ") and " -> " in line:
+            session, description = line[2:].split(" -> ", 1)
+            rows.append((line[0] == "*", session, description))
+    return rows
+
+
+def test_every_session_is_listed_with_a_one_line_description(listing):
+    names = {session.split("(")[0] for _, session, _ in listing}
+    assert names == {"tests", "verify", "gpu_verify", "bench", "report", "lint", "compile_matrix", "container"}
+    for _, session, description in listing:
+        assert description.strip() and len(description) < 110, (session, description)
+
+
+def test_parametrized_ids_are_the_declared_legs(listing):
+    ids = {session for _, session, _ in listing}
+    assert {leg.session for leg in commands.INTERPRETER_LEGS} <= ids
+    assert {leg.session for leg in commands.GPU_LEGS} <= ids
+    assert {leg.container_session for leg in commands.GPU_LEGS} <= ids
+    assert len([s for s in ids if s.startswith("tests(")]) == len(commands.INTERPRETER_LEGS)
+
+
+def test_plain_nox_runs_what_ci_runs(listing):
+    selected = {session.split("(")[0] for chosen, session, _ in listing if chosen}
+    assert selected == {"tests", "lint", "compile_matrix"}
+
+
+# -- gpu_verify refuses without CUDA ----------------------------------------------------------------
+
+
+def test_gpu_verify_module_refuses_without_cuda(tmp_path):
+    out = subprocess.run([sys.executable, "-m", "harness.gpu_verify", "--reports-dir", str(tmp_path / "r")],
+                         cwd=ROOT, env=NO_GPU, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 3
+    assert "gpu_verify needs a CUDA device" in out.stderr and "Nothing was run" in out.stderr
+    assert not (tmp_path / "r").exists()
+
+
+def test_nox_gpu_verify_no_venv_refuses_without_cuda():
+    out = subprocess.run([sys.executable, "-m", "nox", "--no-venv", "-s", "gpu_verify"], cwd=ROOT, env=NO_GPU,
+                         capture_output=True, text=True, timeout=300)
+    text = out.stdout + out.stderr
+    assert out.returncode != 0
+    assert "gpu_verify needs a CUDA device" in text
+    skipped = [line for line in text.splitlines()
+               if line.startswith("nox > Session gpu_verify(") and "skipped: --no-venv" in line]
+    assert len(skipped) == len(commands.GPU_LEGS) - 1
+
+
+# -- what the sessions install and run --------------------------------------------------------------
+
+
+def test_tests_session_installs_the_leg_and_runs_the_pipeline(tmp_path, monkeypatch):
+    monkeypatch.delenv("KVH_TORCH_INDEX_URL", raising=False)
+    noxfile = load_noxfile()
+    session = FakeSession(tmp_path, posargs=["-k", "pack"])
+    noxfile.tests(session, triton="3.4.0")
+    assert session.installs() == commands.install_commands("2.13.0", "3.4.0")
+    assert session.runs() == [("python", "-m", "harness.pipeline", "tests", "--leg",
+                               "cpu-torch2.13.0-triton3.4.0", "-k", "pack")]
+
+
+def test_torch_index_url_from_the_environment(tmp_path, monkeypatch):
+    monkeypatch.setenv("KVH_TORCH_INDEX_URL", "https://example.invalid/cpu")
+    noxfile = load_noxfile()
+    session = FakeSession(tmp_path)
+    noxfile.tests(session, triton="3.9.0")
+    assert session.installs()[0] == ["--index-url", "https://example.invalid/cpu", "torch==2.13.0"]
+
+
+def test_no_venv_runs_a_family_once_on_the_installed_stack(tmp_path):
+    noxfile = load_noxfile()
+    first = FakeSession(tmp_path, venv_backend="none")
+    noxfile.tests(first, triton="3.4.0")
+    assert first.installs() == []
+    assert first.runs() == [(sys.executable, "-m", "harness.pipeline", "tests")]
+    with pytest.raises(Stop, match="skip: --no-venv: tests already ran"):
+        noxfile.tests(FakeSession(tmp_path, venv_backend="none"), triton="3.6.0")
+    gpu = FakeSession(tmp_path, venv_backend="none", posargs=["--no-bench"])
+    noxfile.gpu_verify(gpu, torch="2.11.0", triton="3.6.0")
+    assert gpu.runs() == [(sys.executable, "-m", "harness.gpu_verify", "--no-bench")]
+    with pytest.raises(Stop, match="skip"):
+        noxfile.gpu_verify(FakeSession(tmp_path, venv_backend="none"), torch="2.14.1", triton="3.8.0")
+
+
+def test_gpu_verify_installed_posarg_uses_the_interpreter_running_nox(tmp_path):
+    noxfile = load_noxfile()
+    session = FakeSession(tmp_path, posargs=["--installed", "-k", "int8"])
+    noxfile.gpu_verify(session, torch="2.11.0", triton="3.6.0")
+    assert session.installs() == []
+    assert session.runs() == [(sys.executable, "-m", "harness.gpu_verify", "-k", "int8")]
+
+
+def test_gpu_verify_leg_installs_its_pins_from_its_index(tmp_path, monkeypatch):
+    monkeypatch.delenv("KVH_TORCH_INDEX_URL", raising=False)
+    noxfile = load_noxfile()
+    monkeypatch.setattr(noxfile, "_require_cuda_driver", lambda session: None)
+    leg = commands.GPU_LEGS[0]
+    session = FakeSession(tmp_path)
+    noxfile.gpu_verify(session, torch=leg.torch, triton=leg.triton)
+    assert session.installs() == commands.install_commands(leg.torch, leg.triton, index_url=leg.torch_index_url)
+    assert session.runs() == [("python", "-m", "harness.pipeline", "gpu_verify", "--leg", leg.name)]
+
+
+def test_gpu_verify_leg_refuses_before_installing_without_a_gpu(tmp_path, monkeypatch):
+    noxfile = load_noxfile()
+    monkeypatch.setattr(noxfile.shutil, "which", lambda name: None)
+    session = FakeSession(tmp_path)
+    with pytest.raises(Stop, match="error: gpu_verify needs a CUDA device"):
+        noxfile.gpu_verify(session, torch="2.11.0", triton="3.6.0")
+    assert session.calls == []
+
+
+def test_verify_and_bench_install_the_default_stack(tmp_path, monkeypatch):
+    monkeypatch.delenv("KVH_TORCH_INDEX_URL", raising=False)
+    monkeypatch.delenv("KVH_TORCH", raising=False)
+    monkeypatch.setenv("KVH_TRITON", "3.6.0")
+    noxfile = load_noxfile()
+    for name in ("verify", "bench"):
+        session = FakeSession(tmp_path)
+        getattr(noxfile, name)(session)
+        assert session.installs() == commands.install_commands(commands.CPU_TORCH, "3.6.0")
+        assert session.runs() == [("python", "-m", "harness.pipeline", name)]
+
+
+def test_report_session_installs_only_the_report_extra(tmp_path):
+    noxfile = load_noxfile()
+    session = FakeSession(tmp_path, posargs=["reports/runs/tests-a"])
+    noxfile.report(session)
+    assert session.installs() == [["jinja2>=3.1", "matplotlib>=3.8"]]
+    assert session.runs() == [("python", "-m", "harness.pipeline", "report", "reports/runs/tests-a")]
+
+
+def test_lint_runs_every_linter_and_names_the_failures(tmp_path):
+    noxfile = load_noxfile()
+    session = FakeSession(tmp_path, failing=(commands.ACTIONLINT, "ruff"))
+    with pytest.raises(Stop, match="error: lint failed: ruff$"):
+        noxfile.lint(session)
+    assert session.installs()[0] == list(commands.LINT_TOOLS)
+    assert session.runs() == [("ruff", "check", "."), ("hadolint", "docker/Dockerfile"),
+                              ("zizmor", "--offline", ".github/workflows")]
+    assert any("actionlint skipped" in w for w in session.warnings)
+    ok = FakeSession(tmp_path)
+    noxfile.lint(ok)
+    assert ok.runs()[-1] == ("actionlint",)
+
+
+def test_compile_matrix_swaps_triton_and_checks_cu_files(tmp_path, monkeypatch):
+    monkeypatch.delenv("KVH_TORCH_INDEX_URL", raising=False)
+    monkeypatch.delenv("KVH_TORCH", raising=False)
+    noxfile = load_noxfile()
+    monkeypatch.setattr(noxfile.shutil, "which", lambda name: "/usr/bin/nvcc" if name == "nvcc" else None)
+    cu = sorted((ROOT / "kernels" / "cuda").glob("*.cu"))
+    session = FakeSession(tmp_path, posargs=["3.4.0", "3.9.0"], output='["/inc/a", "/inc/b"]\n')
+    noxfile.compile_matrix(session)
+    assert session.installs() == [*commands.install_commands("2.13.0", "3.4.0", extras=None),
+                                  ["triton==3.4.0"], ["triton==3.9.0"]]
+    runs = session.runs()
+    aot = tuple(commands.aot_command("python"))
+    assert runs[:2] == [aot, aot]
+    assert all(c[2] == commands.AOT_ENV for c in session.calls if c[0] == "run" and c[1] == aot)
+    nvcc = [r for r in runs if r[0] == "nvcc"]
+    assert nvcc == [tuple(commands.nvcc_command(str(p.relative_to(ROOT)), str(tmp_path / "nvcc" / f"{p.stem}.o"),
+                                                ["/inc/a", "/inc/b"])) for p in cu]
+
+
+def test_compile_matrix_without_nvcc_says_so_and_reports_aot_failures(tmp_path, monkeypatch):
+    noxfile = load_noxfile()
+    monkeypatch.setattr(noxfile.shutil, "which", lambda name: None)
+    session = FakeSession(tmp_path, venv_backend="none", failing=("kernels.aot",))
+    with pytest.raises(Stop, match="error: compile_matrix failed: kernels.aot with triton installed"):
+        noxfile.compile_matrix(session)
+    assert session.installs() == []
+    assert any("nvcc not found" in w for w in session.warnings)
+
+
+def test_container_builds_the_leg_and_runs_a_session_inside(tmp_path, monkeypatch):
+    noxfile = load_noxfile()
+    monkeypatch.setattr(noxfile.shutil, "which", lambda name: "/usr/bin/docker")
+    monkeypatch.setenv("KVH_CONTAINER_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setenv("CI", "true")
+    leg = commands.GPU_LEGS[1]
+    session = FakeSession(tmp_path, posargs=["gpu_verify", "--no-bench"])
+    noxfile.container(session, torch=leg.torch, triton=leg.triton)
+    build, run = session.runs()
+    assert list(build) == commands.docker_build_command(leg, context=str(ROOT),
+                                                        dockerfile=str(ROOT / "docker" / "Dockerfile"))
+    assert list(run) == commands.docker_run_command(leg, repo=str(ROOT), cache=str(tmp_path / "cache"),
+                                                    uid=os.getuid(), gid=os.getgid(), session="gpu_verify",
+                                                    args=["--no-bench"], environ=os.environ)
+    assert list(run[-4:]) == ["-s", leg.session, "--", "--no-bench"] and "CI" in run
+    assert (tmp_path / "cache").is_dir()
+    plain = FakeSession(tmp_path)
+    noxfile.container(plain, torch=leg.torch, triton=leg.triton)
+    assert list(plain.runs()[1][-2:]) == ["-s", leg.session]

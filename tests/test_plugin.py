@@ -1,0 +1,129 @@
+"""The recording plugin, run on tiny inner suites through pytester."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from conftest import ROOT
+from harness.records import MANIFEST_FILE, RECORDS_FILE, read_records
+
+INNER = '''
+import pytest
+
+@pytest.fixture
+def broken():
+    raise RuntimeError("fixture broke")
+
+def test_pass(record):
+    record.backend = "triton"
+    record.variant = "splitk"
+    record.device = "cpu"
+    record.add(states_checked=2**24, bit_errors=0, max_abs_err=1.5e-3, speedup={"torch_eager": 3.0},
+               shape="B=1 S=8")
+
+def test_fail(record):
+    record.add(max_abs_err=0.5)
+    assert 0.5 <= 1e-3, "max_abs_err too large"
+
+def test_error(broken):
+    pass
+
+def test_skip():
+    pytest.skip("needs a CUDA device")
+
+@pytest.mark.parametrize("n", [1, 2])
+def test_param(n, record):
+    record.add(states_checked=n)
+'''
+
+
+def _records(run_dir):
+    result = read_records(run_dir / RECORDS_FILE)
+    assert result.problems == []
+    return {r.case: r for r in result.records}
+
+
+def _manifest(run_dir):
+    return json.loads((run_dir / MANIFEST_FILE).read_text())
+
+
+def test_every_case_gets_one_record_with_its_metrics(pytester, tmp_path):
+    pytester.makepyfile(test_inner=INNER)
+    run_dir = tmp_path / "run"
+    result = pytester.runpytest("-p", "harness.plugin", "--results-dir", str(run_dir), "--leg", "leg-A",
+                                "-p", "no:cacheprovider")
+    result.assert_outcomes(passed=3, failed=1, errors=1, skipped=1)
+    result.stdout.fnmatch_lines(["*kv harness records*", "leg leg-A (*): *", f"records: {run_dir}*"])
+    records = _records(run_dir)
+    assert {k: r.outcome for k, r in records.items()} == {
+        "test_pass": "passed", "test_fail": "failed", "test_error": "error", "test_skip": "skipped",
+        "test_param[1]": "passed", "test_param[2]": "passed"}
+    ok = records["test_pass"]
+    assert (ok.backend, ok.variant, ok.device, ok.leg, ok.suite) == ("triton", "splitk", "cpu", "leg-A", "inner")
+    assert ok.metrics == {"states_checked": 2**24, "bit_errors": 0, "max_abs_err": 1.5e-3,
+                          "speedup": {"torch_eager": 3.0}, "shape": "B=1 S=8"}
+    assert records["test_fail"].metrics == {"max_abs_err": 0.5}
+    assert "max_abs_err too large" in records["test_fail"].message
+    assert "fixture broke" in records["test_error"].message
+    assert "needs a CUDA device" in records["test_skip"].message
+    assert records["test_param[2]"].metrics == {"states_checked": 2}
+    manifest = _manifest(run_dir)
+    assert manifest["complete"] is True and manifest["exitstatus"] == 1 and manifest["leg"] == "leg-A"
+    assert manifest["counts"] == {"passed": 3, "failed": 1, "error": 1, "skipped": 1}
+    assert manifest["env"]["python"] and manifest["mode"] in ("gpu", "interpreter")
+
+
+def test_interrupted_run_is_marked_incomplete(pytester, tmp_path):
+    pytester.makepyfile(test_stop='''
+def test_first():
+    pass
+
+def test_interrupt():
+    raise KeyboardInterrupt
+
+def test_never_reached():
+    pass
+''')
+    run_dir = tmp_path / "run"
+    pytester.runpytest("-p", "harness.plugin", "--results-dir", str(run_dir), "-p", "no:cacheprovider",
+                       no_reraise_ctrlc=True)
+    records = _records(run_dir)
+    assert records["test_first"].outcome == "passed"
+    assert records["test_interrupt"].outcome == "crashed"
+    assert "test_never_reached" not in records
+    manifest = _manifest(run_dir)
+    assert manifest["complete"] is False and manifest["exitstatus"] == 2
+
+
+def test_xdist_worker_death_leaves_a_crashed_record(pytester, tmp_path, monkeypatch):
+    pytest.importorskip("xdist")
+    path = pytester.makepyfile(test_crash='''
+import os
+import pytest
+
+@pytest.mark.parametrize("i", range(6))
+def test_fine(i, record):
+    record.add(states_checked=i + 1)
+
+def test_dies():
+    os._exit(3)
+''')
+    monkeypatch.setenv("PYTHONPATH", str(ROOT))
+    monkeypatch.setenv("PYTEST_DISABLE_PLUGIN_AUTOLOAD", "1")  # only what the run needs: faster workers
+    monkeypatch.delenv("PYTEST_ADDOPTS", raising=False)
+    run_dir = tmp_path / "run"
+    result = pytester.runpytest_subprocess(str(path), "-p", "xdist.plugin", "-n", "2", "-p", "harness.plugin",
+                                           "--results-dir",
+                                           str(run_dir), "--leg", "xdist-leg", "-p", "no:cacheprovider",
+                                           timeout=120)
+    result.stdout.fnmatch_lines(["*crashed*test_dies*"])
+    records = _records(run_dir)
+    dead = records["test_dies"]
+    assert dead.outcome == "crashed" and "crashed" in dead.message and dead.leg == "xdist-leg"
+    fine = {case: r for case, r in records.items() if case.startswith("test_fine")}
+    assert len(fine) == 6 and all(r.outcome == "passed" for r in fine.values())
+    assert sorted(r.metrics["states_checked"] for r in fine.values()) == [1, 2, 3, 4, 5, 6]
+    assert all(r.worker and r.worker.startswith("gw") for r in fine.values())
+    assert _manifest(run_dir)["complete"] is True

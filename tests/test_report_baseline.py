@@ -1,0 +1,117 @@
+"""Baselines: the summary JSON, and regressions (slowdowns, new failures, grown errors) against it."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from synthetic import env_for, rec, write_run
+
+from harness.report import compare, load_results, make_baseline, read_baseline, write_baseline
+from harness.report.baseline import case_key
+
+
+def _run(tmp_path, name, records, *, mode="gpu", leg="L"):
+    return write_run(tmp_path / name, records, leg=leg, env=env_for(leg, mode))
+
+
+def _bench(case, ms, outcome="passed", **metrics):
+    return rec("bench_x", case, outcome, backend="triton", variant="v", metrics={"ms": ms, **metrics})
+
+
+def test_baseline_is_keyed_without_the_leg(tmp_path):
+    a = _run(tmp_path, "a", [_bench("t1", 1.0, max_abs_err=1e-3)], leg="torch2.10")
+    b = _run(tmp_path, "b", [_bench("t1", 3.0, max_abs_err=2e-3)], leg="torch2.11")
+    path = tmp_path / "base.json"
+    data = write_baseline(path, load_results([a, b]))
+    assert read_baseline(path) == json.loads(path.read_text()) == data
+    (key, entry), = data["cases"].items()
+    assert key == "suites/bench_x::t1::triton::v"
+    assert entry["legs"] == ["torch2.10", "torch2.11"] and entry["env"] == "gpu/NVIDIA H200"
+    assert entry["ms"] == 2.0 and entry["max_abs_err"] == 2e-3 and entry["outcome"] == "passed"
+    assert data["source"]["environments"] == ["gpu/NVIDIA H200"]
+
+
+def test_gpu_figures_win_over_interpreter_figures(tmp_path):
+    gpu = _run(tmp_path, "g", [_bench("t1", 0.5)], mode="gpu")
+    cpu = _run(tmp_path, "c", [_bench("t1", 900.0), _bench("t2", 10.0)], mode="interpreter", leg="cpu")
+    cases = make_baseline(load_results([cpu, gpu]))["cases"]
+    assert cases["suites/bench_x::t1::triton::v"]["ms"] == 0.5
+    assert cases["suites/bench_x::t2::triton::v"]["env"] == "interpreter/cpu"
+
+
+@pytest.mark.parametrize(("now_ms", "kind"), [(1.09, None), (1.11, "slower"), (0.89, "faster"), (1.0, None)])
+def test_slowdown_threshold(tmp_path, now_ms, kind):
+    base = make_baseline(load_results([_run(tmp_path, "a", [_bench("t", 1.0)])]))
+    comparison = compare(load_results([_run(tmp_path, "b", [_bench("t", now_ms)])]), base, threshold_pct=10)
+    kinds = [f.kind for f in comparison.regressions + comparison.improvements]
+    assert kinds == ([kind] if kind else [])
+    if kind:
+        finding = (comparison.regressions + comparison.improvements)[0]
+        assert finding.change_pct == pytest.approx((now_ms - 1.0) * 100)
+        assert (finding.baseline, finding.current, finding.metric) == (1.0, now_ms, "ms")
+
+
+def test_bandwidth_drop_counts_when_no_time_is_recorded(tmp_path):
+    base = make_baseline(load_results([_run(tmp_path, "a", [rec("b", "t", metrics={"gbps": 1000.0})])]))
+    now = load_results([_run(tmp_path, "b", [rec("b", "t", metrics={"gbps": 800.0})])])
+    (finding,) = compare(now, base).regressions
+    assert finding.kind == "slower" and finding.metric == "gbps" and finding.change_pct == pytest.approx(25.0)
+
+
+def test_new_failures_grown_errors_new_and_missing_cases(tmp_path):
+    base = make_baseline(load_results([_run(tmp_path, "a", [
+        _bench("fails_now", 1.0), _bench("exact", 1.0, bit_errors=0, max_abs_err=0.0),
+        _bench("noisy", 1.0, max_abs_err=1e-3, max_rel_err=1e-3), _bench("gone", 1.0),
+        _bench("was_failing", 1.0, "failed")])]))
+    now = load_results([_run(tmp_path, "b", [
+        _bench("fails_now", 1.0, "crashed"), _bench("exact", 1.0, bit_errors=3, max_abs_err=0.0),
+        _bench("noisy", 1.0, max_abs_err=1.9e-3, max_rel_err=2.1e-3), _bench("brand_new", 1.0),
+        _bench("was_failing", 1.0, "failed")])])
+    comparison = compare(now, base, error_factor=2.0)
+    found = sorted((f.kind, f.case, f.metric) for f in comparison.regressions)
+    assert found == [("error grew", "exact", "bit_errors"), ("error grew", "noisy", "max_rel_err"),
+                     ("new failure", "fails_now", "outcome")]
+    assert comparison.new_cases == ["suites/bench_x::brand_new::triton::v"]
+    assert comparison.missing_cases == ["suites/bench_x::gone::triton::v"]
+    assert comparison.compared == 4
+
+
+def test_other_environment_compares_outcomes_only(tmp_path):
+    base = make_baseline(load_results([_run(tmp_path, "a", [_bench("t", 0.5), _bench("u", 0.5)])]))
+    now = load_results([_run(tmp_path, "b", [_bench("t", 800.0), _bench("u", 1.0, "failed")],
+                             mode="interpreter", leg="cpu")])
+    comparison = compare(now, base)
+    assert [f.kind for f in comparison.regressions] == ["new failure"]
+    assert comparison.not_comparable == ["cpu"]
+
+
+def test_synthetic_legs_against_a_baseline(legs):
+    base = make_baseline(load_results([legs[0]]))
+    comparison = compare(load_results([legs[0].parent]), base)
+    slower = [f for f in comparison.regressions if f.kind == "slower"]
+    assert slower and {f.run_label for f in slower} == {"torch2.10-triton3.5"}
+    assert all(f.change_pct > 10 for f in slower)
+    assert comparison.not_comparable == ["cpu-interpreter"]
+    assert any(f.kind == "new failure" and "S257" in f.case for f in comparison.regressions)
+
+
+@pytest.mark.parametrize(("text", "match"), [
+    ("{nope", "not valid JSON"),
+    ('{"format": "other", "version": 1, "cases": {}}', "format='kvh-baseline'"),
+    ('{"format": "kvh-baseline", "version": 99, "cases": {}}', "expected version 1"),
+    ('{"format": "kvh-baseline", "version": 1, "cases": []}', "'cases' object"),
+])
+def test_bad_baseline_files_are_named(tmp_path, text, match):
+    path = tmp_path / "b.json"
+    path.write_text(text)
+    with pytest.raises(ValueError, match=match) as info:
+        read_baseline(path)
+    assert str(path) in str(info.value)
+    with pytest.raises(ValueError, match="cannot read"):
+        read_baseline(tmp_path / "missing.json")
+
+
+def test_case_key_parts():
+    assert case_key(rec("affine", "test_a[x]")) == "suites/affine::test_a[x]::-::-"
+    assert case_key(rec("affine", "t", backend="cuda", variant="warp", leg="any")) == "suites/affine::t::cuda::warp"

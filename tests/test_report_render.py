@@ -1,0 +1,114 @@
+"""The HTML page: escaping, anchors, charts, no external references, problems and edge cases."""
+
+from __future__ import annotations
+
+import base64
+import re
+import xml.etree.ElementTree as ET
+from html.parser import HTMLParser
+
+from synthetic import HOSTILE, env_for, rec, write_run
+
+from harness.report import load_results, render_html, summarize
+
+EXTERNAL = re.compile(r"""(?:src|href|action|poster)\s*=\s*["']?\s*(?:https?:)?//|url\(\s*["']?\s*(?:https?:)?//|@import""", re.I)
+
+
+class Page(HTMLParser):
+    """Collects ids, in-page links, images and the text of the page."""
+
+    def __init__(self, html: str) -> None:
+        super().__init__(convert_charrefs=True)
+        self.ids: list[str] = []
+        self.links: list[str] = []
+        self.images: list[dict] = []
+        self.tags: list[str] = []
+        self.text: list[str] = []
+        self.feed(html)
+
+    def handle_starttag(self, tag, attrs):
+        attrs = dict(attrs)
+        self.tags.append(tag)
+        if "id" in attrs:
+            self.ids.append(attrs["id"])
+        if tag == "a" and attrs.get("href", "").startswith("#"):
+            self.links.append(attrs["href"][1:])
+        if tag == "img":
+            self.images.append(attrs)
+
+    def handle_data(self, data):
+        self.text.append(data)
+
+
+def test_hostile_strings_come_out_escaped(rendered):
+    html = rendered["html"]
+    assert "<script" not in html.lower()
+    assert "&lt;script&gt;alert(&#34;x&#34;)&lt;/script&gt;" in html
+    assert "<b>bold</b>" not in html and "&lt;b&gt;bold&lt;/b&gt;" in html
+    assert "\x07" not in html
+    page = Page(html)
+    assert "script" not in page.tags
+    assert any(HOSTILE in t for t in page.text)  # shown to the reader as text
+
+
+def test_page_makes_no_external_reference(rendered):
+    html = rendered["html"]
+    assert not EXTERNAL.search(html)
+    assert "Content-Security-Policy" in html and "default-src 'none'" in html
+    assert "<link" not in html and "<iframe" not in html
+
+
+def test_every_in_page_link_has_a_target(rendered):
+    page = Page(rendered["html"])
+    assert len(page.ids) == len(set(page.ids))
+    assert set(page.links) <= set(page.ids)
+    assert sum(link.startswith("c") for link in page.links) >= 25  # matrix cells and suite tables
+
+
+def test_charts_are_inline_svg_that_parses(rendered):
+    images = Page(rendered["html"]).images
+    assert len(images) >= 9
+    for image in images:
+        assert image["src"].startswith("data:image/svg+xml;base64,") and image["alt"]
+        svg = ET.fromstring(base64.b64decode(image["src"].split(",", 1)[1]))
+        assert svg.tag.endswith("svg")
+    html = rendered["html"]
+    for title in ("suites/bench_decode: speedup over sdpa_fp16 (NVIDIA H200, gpu)",
+                  "suites/bench_int8: % of measured copy bandwidth (NVIDIA H200, gpu)",
+                  "suites/bench_decode: achieved GB/s (CPU, interpreter)", "Worst errors per case"):
+        assert title in html
+
+
+def test_banner_matrix_and_sections(rendered):
+    html = rendered["html"]
+    text = " ".join(Page(html).text)
+    assert html.index("FAILED") < html.index('id="matrix"')
+    assert "incomplete run: cpu-interpreter" in text
+    for section in ("matrix", "failing", "regressions", "charts", "suites", "bad-input", "environment", "problems"):
+        assert f'id="{section}"' in html
+    assert "last line (truncated?)" in text
+    assert "NVIDIA H200 (132 SMs, sm_90, 139.8 GiB, L2 60.0 MiB)" in text
+    assert "4,250 GB/s (device copy, read + write)" in text
+    assert "values: expected dtype torch.uint8, got torch.float32" in text
+    assert re.search(r"new failure.*test_decode_matches_fp64\[cuda:0-S257\]", text)
+
+
+def test_empty_run_and_no_input_render(tmp_path):
+    run_dir = write_run(tmp_path / "empty", [], leg="nothing", env=env_for("nothing", "interpreter"))
+    for paths in ([run_dir], [tmp_path / "missing"]):
+        html = render_html(summarize(load_results(paths)))
+        text = " ".join(Page(html).text)
+        assert "NO RESULTS" in text and "No case was recorded" in text
+        assert not EXTERNAL.search(html)
+
+
+def test_case_tables_show_only_columns_with_values(tmp_path):
+    run_dir = write_run(tmp_path / "r", [rec("bits", "test_a", metrics={"states_checked": 7}),
+                                         rec("bits", "test_b", "failed", message="E   boom\nE   second")],
+                        leg="L", env=env_for("L", "interpreter"))
+    html = render_html(summarize(load_results([run_dir])))
+    table = html[html.index('id="c0-0"'):]
+    table = table[: table.index("</table>")]
+    assert "checked" in table and "max abs err" not in table and "speedup" not in table
+    assert table.index("test_b") < table.index("test_a")  # not passing first
+    assert "<summary>boom</summary>" in table

@@ -1,0 +1,47 @@
+"""The one-screen text summary and the Markdown summary."""
+
+from __future__ import annotations
+
+from synthetic import HOSTILE
+
+from harness.report import (
+    compare,
+    load_results,
+    make_baseline,
+    markdown_summary,
+    summarize,
+    text_summary,
+)
+from harness.report.text import md_escape
+
+
+def _summary(legs):
+    comparison = compare(load_results([legs[0].parent]), make_baseline(load_results([legs[0]])), source="b.json")
+    return summarize(load_results([legs[0].parent]), comparison)
+
+
+def test_text_summary_fits_one_screen_and_names_the_report(legs):
+    text = text_summary(_summary(legs), report_path="reports/report.html", junit_path="reports/report.junit.xml")
+    lines = text.splitlines()
+    assert len(lines) <= 40 and max(map(len, lines)) <= 120
+    assert lines[0].startswith("kv harness: FAILED  (3 leg(s)")
+    assert "2 failed" in lines[1] and "1 crashed" in lines[1] and "1 timeout" in lines[1]
+    assert any("cpu-interpreter" in line and "INCOMPLETE" in line for line in lines)
+    assert any(line.strip().startswith("FAILED") and "S257" in line for line in lines)
+    assert any("regressions vs b.json" in line and "new failure" in line for line in lines)
+    assert lines[-2] == "  report:   reports/report.html"
+    assert lines[-1] == "  junit:    reports/report.junit.xml"
+
+
+def test_markdown_summary_escapes_and_shows_the_matrix(legs):
+    md = markdown_summary(_summary(legs), report_name="report.html")
+    assert md.startswith("### \u274c kv harness: FAILED")
+    assert "<script" not in md and "&lt;script&gt;" in md
+    assert "| suites/decode | \u2705 3/3 | \u274c 3/5 | \u2705 4/4 |" in md
+    assert "**incomplete run:** cpu-interpreter" in md
+    assert "Full report: report.html" in md
+
+
+def test_md_escape_neutralises_markup():
+    assert md_escape(f"a|b *c* _d_ {HOSTILE}\nnext") == (
+        "a\\|b \\*c\\* \\_d\\_ &lt;script&gt;alert(\"x\")&lt;/script&gt; next")
