@@ -53,7 +53,7 @@ def _install_stack(session: nox.Session, torch: str, triton: str | None, index_u
     if _installed(session):
         session.log("--no-venv: using the installed torch and triton; nothing is installed")
         return
-    index_url = os.environ.get("KVH_TORCH_INDEX_URL") or index_url
+    index_url = index_url or os.environ.get("KVH_TORCH_INDEX_URL")  # a GPU leg keeps its CUDA index
     for args in commands.install_commands(torch, triton, index_url=index_url, extras=extras):
         session.install(*args)
 
@@ -164,8 +164,8 @@ def compile_matrix(session: nox.Session) -> None:
     else:
         torch = os.environ.get("KVH_TORCH", commands.CPU_TORCH)
         _install_stack(session, torch, versions[0], extras=None)
-    for version in versions:
-        if version != "installed":
+    for i, version in enumerate(versions):
+        if i > 0:
             session.install(f"triton=={version}")
         try:
             session.run(*commands.aot_command(python), env=commands.AOT_ENV, external=_installed(session))
@@ -179,6 +179,12 @@ def compile_matrix(session: nox.Session) -> None:
         probe = session.run(python, "-c", INCLUDE_PROBE, silent=True, external=_installed(session))
         includes = json.loads(probe.strip().splitlines()[-1])
         out_dir = Path(session.create_tmp()) / "nvcc"
+        shims = commands.missing_header_shims(includes)
+        for rel, text in shims.items():  # a CPU build of torch: its generated CUDA headers are absent
+            (out_dir / "shims" / rel).parent.mkdir(parents=True, exist_ok=True)
+            (out_dir / "shims" / rel).write_text(text)
+        if shims:
+            includes.append(str(out_dir / "shims"))
         out_dir.mkdir(parents=True, exist_ok=True)
         for source in sources:
             cmd = commands.nvcc_command(str(source.relative_to(ROOT)), str(out_dir / f"{source.stem}.o"), includes)

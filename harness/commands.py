@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -286,6 +287,19 @@ def aot_command(python: str, archs: Sequence[str] = AOT_ARCHS) -> list[str]:
 
 
 AOT_ENV = {"TRITON_INTERPRET": "0"}
+
+
+# Headers that CUDA builds of torch generate and CPU builds lack, which ``c10/cuda`` headers
+# include: written to a scratch include directory when the torch at hand has none.
+CUDA_HEADER_SHIMS = {
+    "c10/cuda/impl/cuda_cmake_macros.h": "#pragma once\n#define C10_CUDA_BUILD_SHARED_LIBS\n",
+}
+
+
+def missing_header_shims(include_dirs: Sequence[str], exists=os.path.exists) -> dict[str, str]:
+    """The entries of :data:`CUDA_HEADER_SHIMS` found in none of ``include_dirs``."""
+    return {rel: text for rel, text in CUDA_HEADER_SHIMS.items()
+            if not any(exists(os.path.join(d, rel)) for d in include_dirs)}
 
 
 def nvcc_command(

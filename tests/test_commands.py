@@ -183,6 +183,14 @@ def test_aot_and_nvcc_commands():
         "-I/t/include", "-I/py", "-c", "kernels/cuda/x.cu", "-o", "/tmp/x.o"]
 
 
+def test_header_shims_only_where_torch_lacks_them(tmp_path):
+    rel = "c10/cuda/impl/cuda_cmake_macros.h"
+    assert commands.missing_header_shims([str(tmp_path)]) == {rel: commands.CUDA_HEADER_SHIMS[rel]}
+    (tmp_path / rel).parent.mkdir(parents=True)
+    (tmp_path / rel).write_text("#pragma once\n")
+    assert commands.missing_header_shims(["/nonexistent", str(tmp_path)]) == {}
+
+
 # -- docker ----------------------------------------------------------------------------------------
 
 

@@ -186,7 +186,7 @@ def test_gpu_verify_installed_posarg_uses_the_interpreter_running_nox(tmp_path):
 
 
 def test_gpu_verify_leg_installs_its_pins_from_its_index(tmp_path, monkeypatch):
-    monkeypatch.delenv("KVH_TORCH_INDEX_URL", raising=False)
+    monkeypatch.setenv("KVH_TORCH_INDEX_URL", "https://example.invalid/cpu")  # for CPU sessions only
     noxfile = load_noxfile()
     monkeypatch.setattr(noxfile, "_require_cuda_driver", lambda session: None)
     leg = commands.GPU_LEGS[0]
@@ -247,15 +247,17 @@ def test_compile_matrix_swaps_triton_and_checks_cu_files(tmp_path, monkeypatch):
     cu = sorted((ROOT / "kernels" / "cuda").glob("*.cu"))
     session = FakeSession(tmp_path, posargs=["3.4.0", "3.9.0"], output='["/inc/a", "/inc/b"]\n')
     noxfile.compile_matrix(session)
-    assert session.installs() == [*commands.install_commands("2.13.0", "3.4.0", extras=None),
-                                  ["triton==3.4.0"], ["triton==3.9.0"]]
+    assert session.installs() == [*commands.install_commands("2.13.0", "3.4.0", extras=None), ["triton==3.9.0"]]
     runs = session.runs()
     aot = tuple(commands.aot_command("python"))
     assert runs[:2] == [aot, aot]
     assert all(c[2] == commands.AOT_ENV for c in session.calls if c[0] == "run" and c[1] == aot)
     nvcc = [r for r in runs if r[0] == "nvcc"]
+    shims = tmp_path / "nvcc" / "shims"
     assert nvcc == [tuple(commands.nvcc_command(str(p.relative_to(ROOT)), str(tmp_path / "nvcc" / f"{p.stem}.o"),
-                                                ["/inc/a", "/inc/b"])) for p in cu]
+                                                ["/inc/a", "/inc/b", str(shims)])) for p in cu]
+    for rel, text in commands.CUDA_HEADER_SHIMS.items():
+        assert (shims / rel).read_text() == text
 
 
 def test_compile_matrix_without_nvcc_says_so_and_reports_aot_failures(tmp_path, monkeypatch):
