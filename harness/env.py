@@ -67,10 +67,14 @@ def capture(leg: str | None = None) -> dict:
         triton_version = None
     from kernels._runtime import run_mode
 
+    from .commands import installed_leg_name
+
     gpus = gpu_info()
+    mode = run_mode()
+    default_leg = installed_leg_name(torch.__version__, str(triton_version), gpu=mode == "gpu")
     return {
-        "leg": leg or os.environ.get("KVH_LEG") or f"torch{torch.__version__}-triton{triton_version}",
-        "mode": run_mode(),
+        "leg": leg or os.environ.get("KVH_LEG") or default_leg,
+        "mode": mode,
         "host": socket.gethostname(),
         "platform": platform.platform(),
         "cpu": platform.processor() or platform.machine(),

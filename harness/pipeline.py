@@ -101,8 +101,8 @@ def family_run_dirs(kind: str, reports_dir: str) -> list[str]:
 
 
 def all_run_dirs(reports_dir: str) -> list[str]:
-    runs = Path(reports_dir) / commands.RUNS_SUBDIR
-    return sorted(str(p) for p in runs.iterdir() if p.is_dir()) if runs.is_dir() else []
+    """The run directories of every pipeline kind (not the ad-hoc ones of plain pytest runs)."""
+    return sorted(d for kind in commands.KINDS for d in family_run_dirs(kind, reports_dir))
 
 
 def _say(text: str) -> None:

@@ -19,8 +19,9 @@ kernel. For each group of values x (fp16 / bf16 / fp32 input, computed in fp32):
 is rounded once, straight to an integer (one fma on a GPU, an exact fp64 product
 in the reference). Rounding s up makes the whole range fit in 2^b - 1 steps, so
 ``|x - x_hat| <= s / 2`` (plus fp32 rounding) for every x of the group;
-quantizing with the stored s makes ``requant(dequant(q)) == q`` exact. A constant group c is reconstructed exactly whenever c is representable
-in the scale dtype (s = |c|, z = 1 for c < 0, q = z + sign(c)). A group holding
+quantizing with the stored s makes ``requant(dequant(q)) == q`` exact. A constant
+group c is reconstructed exactly whenever c is representable in the scale dtype and
+c == 0 or |c| >= SCALE_FLOOR (s = |c|, z = 1 for c < 0, q = z + sign(c)). A group holding
 NaN or Inf, or one whose scale overflows the scale dtype, is an error
 (``ValueError``); nothing is silently clamped.
 

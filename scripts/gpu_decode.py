@@ -109,6 +109,48 @@ def table() -> list[dict]:
     return rows
 
 
+def tune() -> list[dict]:
+    """Pipeline depth x register cap for the default layout, B=1 H=32 D=128 S=128K."""
+    from decode_support import per_call_ms, random_kv, random_q
+
+    rows = []
+    cases = []
+    for b, hq, hkv, s in ((1, 32, 32, 131072),):
+        k, v = random_kv(b, hkv, s, 128, device="cuda", seed=31)
+        cases.append((f"B={b} Hq={hq} Hkv={hkv} S={s}", random_q(b, hq, 128, device="cuda", seed=32),
+                      kernels.quantize_kv(k, v, 3, backend="triton")))
+        del k, v
+    for stages in (2, 3, 4):
+        for maxnreg in (None, 128):
+            dec.NUM_STAGES, dec.MAX_REGISTERS = stages, maxnreg
+            total = 0.0
+            for name, q, cache in cases:
+                ms = per_call_ms([lambda q=q, cache=cache: dec.decode_attention(q, cache)])
+                total += ms
+                log(f"tune {name} stages={stages} maxnreg={maxnreg}: {ms:.4f} ms")
+            rows.append({"num_stages": stages, "maxnreg": maxnreg, "ms": total})
+    return rows
+
+
+def bench_suite(out_dir: Path) -> list[dict]:
+    """Run suites/test_bench_decode.py in this process (with its tuned settings); return its figures."""
+    import pytest
+
+    cwd = os.getcwd()
+    os.chdir(ROOT)
+    try:
+        code = pytest.main(["suites/test_bench_decode.py", "-q", "-p", "no:cacheprovider",
+                            "--results-dir", str(out_dir / "bench")])
+    finally:
+        os.chdir(cwd)
+    log(f"bench suite exit code {int(code)}")
+    rows = []
+    for line in (out_dir / "bench" / "records.jsonl").read_text().splitlines():
+        rec = json.loads(line)
+        rows.append({**rec["metrics"], "layout": (rec.get("variant") or "").replace("fused-3bit-", "")})
+    return rows
+
+
 def profile_one(out_dir: Path) -> None:
     """Run one fused decode (B=1, H=32, D=128, S=128K) a few times, for ncu."""
     from decode_support import random_kv, random_q
@@ -128,11 +170,18 @@ def main() -> int:
     parser.add_argument("--profile", action="store_true")
     parser.add_argument("--profile-one", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--programs-per-sm", type=int, default=None)
+    parser.add_argument("--warps", type=int, default=None, help="warps of the default layout")
+    parser.add_argument("--suites", action="store_true", help="also run the decode suites on the GPU")
+    parser.add_argument("--tune", action="store_true", help="sweep register cap and pipeline depth")
+    parser.add_argument("--bench", action="store_true", help="run the bench suite instead of the table")
+    parser.add_argument("--no-checks", action="store_true", help="skip the small correctness checks")
     args = parser.parse_args()
     out_dir = Path(args.out)
     out_dir.mkdir(parents=True, exist_ok=True)
     if args.programs_per_sm:
         dec.SPLIT_PROGRAMS_PER_SM = args.programs_per_sm
+    if args.warps:
+        kernels.paged.DEFAULT_WARPS = args.warps
     if args.profile_one:
         profile_one(out_dir)
         return 0
@@ -146,29 +195,55 @@ def main() -> int:
     log(f"{result}")
     result["copy_gbps"] = copy_bandwidth_gbps()
     log(f"copy bandwidth {result['copy_gbps']:.0f} GB/s")
-    result["checks"] = correctness()
+    result["checks"] = [] if args.no_checks else correctness()
     if args.sweep:
-        result["sweep"] = sweep([(64, 4), (64, 2), (32, 2), (32, 4)], [1, 2, 4, 8], [(1, 32, 32, 131072, 128)])
-        result["sweep"] += sweep([(64, 4)], [1, 2, 4, 8], [(8, 32, 8, 32768, 128)])
-        best = min((r for r in result["sweep"] if "S=131072" in r["shape"] and r["layout"] == "t64w4"),
-                   key=lambda r: r["ms"])
-        dec.SPLIT_PROGRAMS_PER_SM = best["programs_per_sm"]
-        log(f"programs per SM for the table: {dec.SPLIT_PROGRAMS_PER_SM}")
+        targets = [8, 16, 32]
+        result["sweep"] = sweep([(64, 4), (64, 2)], targets, [(1, 32, 32, 131072, 128)])
+        result["sweep"] += sweep([(64, 4), (64, 2)], targets, [(8, 32, 8, 32768, 128)])
+        scores = {}
+        for r in result["sweep"]:  # rank (layout, split target) by the summed time of both shapes
+            scores[(r["layout"], r["programs_per_sm"])] = scores.get((r["layout"], r["programs_per_sm"]), 0) + r["ms"]
+        (layout, target), _ = min(scores.items(), key=lambda kv: kv[1])
+        dec.SPLIT_PROGRAMS_PER_SM = target
+        kernels.paged.DEFAULT_WARPS = int(layout.split("w")[1])
+        log(f"table uses {layout}, {target} programs per SM")
+    if args.tune:
+        result["tune"] = tune()
+        best = min(result["tune"], key=lambda r: r["ms"])
+        dec.NUM_STAGES, dec.MAX_REGISTERS = best["num_stages"], best["maxnreg"]
+        log(f"table uses num_stages={dec.NUM_STAGES} maxnreg={dec.MAX_REGISTERS}")
     result["programs_per_sm"] = dec.SPLIT_PROGRAMS_PER_SM
-    result["table"] = table()
+    result["warps"] = kernels.paged.DEFAULT_WARPS
+    result["num_stages"], result["maxnreg"] = dec.NUM_STAGES, dec.MAX_REGISTERS
+    if args.bench:
+        result["table"] = bench_suite(out_dir)
+    else:
+        result["table"] = table()
     (out_dir / "decode_gpu.json").write_text(json.dumps(result, indent=1, default=str))
     if args.profile:
         cmd = ["ncu", "--clock-control", "none", "--kernel-name", "regex:_decode_split_kernel", "--launch-skip", "2",
                "--launch-count", "1", "--section", "SpeedOfLight", "--section", "MemoryWorkloadAnalysis",
                "--section", "WarpStateStats", "--section", "Occupancy", "--section", "LaunchStats",
                "--section", "InstructionStats", "--section", "SchedulerStats",
-               sys.executable, __file__, "--profile-one", "--out", str(out_dir)]
+               sys.executable, __file__, "--profile-one", "--out", str(out_dir),
+               "--programs-per-sm", str(dec.SPLIT_PROGRAMS_PER_SM), "--warps", str(kernels.paged.DEFAULT_WARPS)]
         try:
             prof = subprocess.run(cmd, capture_output=True, text=True, timeout=150)
             (out_dir / "ncu_decode.txt").write_text(prof.stdout + prof.stderr)
             log("ncu written" if prof.returncode == 0 else f"ncu rc={prof.returncode}: {prof.stderr[-500:]}")
         except (OSError, subprocess.TimeoutExpired) as exc:
             log(f"ncu failed: {exc}")
+    if args.suites:
+        cmd = [sys.executable, "-m", "pytest", "suites/test_decode_fused.py", "suites/test_decode_bad_input.py",
+               "-q", "-x", "-k", "cuda or bad_input", "-p", "no:cacheprovider", "--results-dir", str(out_dir / "suites")]
+        try:
+            run = subprocess.run(cmd, capture_output=True, text=True, timeout=130, cwd=ROOT,
+                                 env={**os.environ, "PYTHONPATH": str(ROOT)})
+            (out_dir / "suites_gpu.txt").write_text(run.stdout[-20000:] + run.stderr[-5000:])
+            result["suites"] = run.stdout.strip().splitlines()[-1] if run.stdout.strip() else f"rc={run.returncode}"
+        except subprocess.TimeoutExpired:
+            result["suites"] = "timeout"
+        log(f"suites on the GPU: {result['suites']}")
     print("\nshape                               layout  fused ms  sdpa ms  unfused ms  xSDPA  xUnfused  GB/s  %copy  err")
     for r in result["table"]:
         print(f"{r['shape']:<36}{r['layout']:<7} {r['ms']:8.4f} {r['sdpa_ms']:8.4f} {r['unfused_ms']:10.4f} "
@@ -176,8 +251,8 @@ def main() -> int:
               f"{r.get('pct_of_peak', 0):5.1f}  {r['max_abs_err']:.1e}")
     bad = [c for c in result["checks"] if not c["finite"] or c["max_abs_err"] > c["tol"] or c.get("paged_equal") is False]
     bad += [r for r in result["table"] if r["max_abs_err"] > 2e-3]
-    print(f"copy {result['copy_gbps']:.0f} GB/s; programs/SM {result['programs_per_sm']}; "
-          f"{len(bad)} correctness problem(s)")
+    print(f"copy {result['copy_gbps']:.0f} GB/s; programs/SM {result['programs_per_sm']}; warps {result['warps']}; "
+          f"{len(bad)} correctness problem(s); suites: {result.get('suites', 'not run')}")
     return 1 if bad else 0
 
 

@@ -69,6 +69,14 @@ def make_values(kind: str, shape, dtype: torch.dtype, device, generator: torch.G
     return x.to(dtype).to(device)
 
 
+@pytest.fixture(name="seed")
+def fresh_seed(rng, record) -> int:
+    """A fresh seed per test (from the suites' ``rng``), recorded so a failure can be replayed."""
+    value = int(torch.randint(0, 2**31 - 1, (1,), generator=rng))
+    record.add(seed=value)
+    return value
+
+
 def random_kv(shape, dtype, device, seed: int, kind: str = "randn"):
     g = torch.Generator().manual_seed(seed)
     return make_values(kind, shape, dtype, device, g), make_values(kind, shape, dtype, device, g)

@@ -72,10 +72,10 @@ def _check_figures(figures: dict) -> None:
 @pytest.mark.parametrize("kind", ["randn", "outliers"])
 @pytest.mark.parametrize("group_size", GROUPS)
 def test_random_kv_attention_error(record, group_size, kind):
-    """Errors per bit width on random K/V (fp16, [1, 4, 1024, 128], 16 decode queries)."""
-    k, v = random_kv((1, 4, 1024, 128), torch.float16, "cpu", seed=group_size, kind=kind)
-    v = random_kv((1, 4, 1024, 128), torch.float16, "cpu", seed=group_size + 1)[1]  # values: no outliers
-    q = torch.randn(1, 4, 16, 128, generator=torch.Generator().manual_seed(5))
+    """Errors per bit width on random K/V (fp16, [1, 2, 512, 128], 16 decode queries)."""
+    k, v = random_kv((1, 2, 512, 128), torch.float16, "cpu", seed=group_size, kind=kind)
+    v = random_kv((1, 2, 512, 128), torch.float16, "cpu", seed=group_size + 1)[1]  # values: no outliers
+    q = torch.randn(1, 2, 16, 128, generator=torch.Generator().manual_seed(5))
     by_bits = {bits: _kv_errors(q, k.float(), v.float(), bits, group_size, group_size) for bits in BITS}
     for figures in by_bits.values():
         _check_figures(figures)
@@ -86,7 +86,7 @@ def test_random_kv_attention_error(record, group_size, kind):
         assert by_bits[8]["rel_err_attn"] < by_bits[8]["rel_err_attn_k_per_token"]
     record.backend, record.variant, record.device = "torch", f"random-{kind}-g{group_size}", "cpu"
     record.add(
-        shape="1x4x1024x128", group_size=group_size,
+        shape="1x2x512x128", group_size=group_size,
         **{f"{name}_b{bits}": value for bits, figures in by_bits.items() for name, value in figures.items()},
     )
 
@@ -155,7 +155,8 @@ def test_minilm_kv_attention_error(record, minilm_qkv, bits, group_size):
     """Real K/V of all six layers (12 heads, head_dim 32): attention error per layer.
 
     K groups: G tokens per channel. V groups: min(G, head_dim) = 32 channels per token,
-    since a head has only 32 channels; K per token likewise for the side-by-side figure."""
+    since a head has only 32 channels; K per token likewise for the side-by-side figure,
+    so the two K groupings compare at equal group size when G = 32."""
     _, _, layers = minilm_qkv
     per_layer = [_kv_errors(q, k, v, bits, group_size, v_group=32) for q, k, v in layers]
     for figures in per_layer:
@@ -165,8 +166,8 @@ def test_minilm_kv_attention_error(record, minilm_qkv, bits, group_size):
     worst = {f"{n}_max_layer": max(f[n] for f in per_layer) for n in names}
     if bits == 8:
         assert mean["rel_err_attn"] < 2e-2
-    # KIVI's finding on real keys: per-channel grouping beats per-token grouping
-    assert mean["rel_err_attn"] < mean["rel_err_attn_k_per_token"], mean
+    if group_size == 32:  # equal group sizes (32 tokens vs 32 channels): KIVI's finding on real keys
+        assert mean["rel_err_attn"] < mean["rel_err_attn_k_per_token"], mean
     record.backend, record.variant, record.device = "torch", f"minilm-b{bits}-g{group_size}", "cpu"
     record.add(
         model="all-MiniLM-L6-v2", tokens=layers[0][1].shape[2], layers=len(layers), v_group=32,

@@ -11,19 +11,22 @@ import kernels
 from kernels import paged
 from kernels.decode import decode_attention
 
+# Triton runs on CUDA tensors on a GPU box and on CPU tensors in the interpreter elsewhere
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+
 
 @pytest.fixture(scope="module")
 def cache():
-    k, v = random_kv(2, 2, 100, 64, seed=300)
+    k, v = random_kv(2, 2, 100, 64, seed=300, device=DEVICE)
     return kernels.quantize_kv(k, v, 3, backend="torch")
 
 
 def _q(**kw):
-    return random_q(2, 4, 64, seed=301, **kw)
+    return random_q(2, 4, 64, seed=301, device=DEVICE, **kw)
 
 
 def _cache_with(bits=3, group_size=64, dim=64):
-    k, v = random_kv(1, 1, 70, dim, seed=302)
+    k, v = random_kv(1, 1, 70, dim, seed=302, device=DEVICE)
     return kernels.quantize_kv(k, v, bits, group_size=group_size, backend="torch")
 
 
@@ -31,19 +34,24 @@ CASES = {
     # name: (callable(cache) -> None, exception, text the message must contain)
     "q_not_tensor": (lambda c: decode_attention([[1.0]], c), TypeError, "q"),
     "q_float32": (lambda c: decode_attention(_q().float(), c), TypeError, "q must have dtype"),
-    "q_int": (lambda c: decode_attention(torch.ones(2, 4, 64, dtype=torch.int32), c), TypeError, "q"),
+    "q_int": (lambda c: decode_attention(torch.ones(2, 4, 64, dtype=torch.int32, device=DEVICE), c), TypeError,
+              "q"),
     "q_rank2": (lambda c: decode_attention(_q()[0], c), ValueError, "q must have 3 dimensions"),
     "cache_wrong_type": (lambda c: decode_attention(_q(), {"k": 1}), TypeError, "cache must be"),
-    "batch_mismatch": (lambda c: decode_attention(random_q(3, 4, 64), c), ValueError, "batch"),
-    "head_dim_mismatch": (lambda c: decode_attention(random_q(2, 4, 128), c), ValueError, "head_dim"),
-    "head_ratio": (lambda c: decode_attention(random_q(2, 3, 64), c), ValueError, "multiple of the cache's kv heads"),
+    "batch_mismatch": (lambda c: decode_attention(random_q(3, 4, 64, device=DEVICE), c), ValueError, "batch"),
+    "head_dim_mismatch": (lambda c: decode_attention(random_q(2, 4, 128, device=DEVICE), c), ValueError,
+                          "head_dim"),
+    "head_ratio": (lambda c: decode_attention(random_q(2, 3, 64, device=DEVICE), c), ValueError,
+                   "multiple of the cache's kv heads"),
     "device_mismatch": (lambda c: decode_attention(_q().to("meta"), c), ValueError, "device"),
-    "seq_lens_float": (lambda c: decode_attention(_q(), c, seq_lens=torch.ones(2)), TypeError, "seq_lens"),
-    "seq_lens_shape": (lambda c: decode_attention(_q(), c, seq_lens=torch.ones(3, dtype=torch.int32)),
+    "seq_lens_float": (lambda c: decode_attention(_q(), c, seq_lens=torch.ones(2, device=DEVICE)), TypeError,
+                       "seq_lens"),
+    "seq_lens_shape": (lambda c: decode_attention(_q(), c, seq_lens=torch.ones(3, dtype=torch.int32, device=DEVICE)),
                        ValueError, "seq_lens must have shape [2]"),
-    "seq_lens_zero": (lambda c: decode_attention(_q(), c, seq_lens=torch.tensor([0, 5], dtype=torch.int32)),
+    "seq_lens_zero": (lambda c: decode_attention(_q(), c, seq_lens=torch.tensor([0, 5], dtype=torch.int32,
+                                                                                  device=DEVICE)),
                       ValueError, "seq_lens[0] = 0"),
-    "seq_lens_too_long": (lambda c: decode_attention(_q(), c, seq_lens=torch.tensor([5, 101])),
+    "seq_lens_too_long": (lambda c: decode_attention(_q(), c, seq_lens=torch.tensor([5, 101], device=DEVICE)),
                           ValueError, "seq_lens[1] = 101"),
     "sm_scale_negative": (lambda c: decode_attention(_q(), c, sm_scale=-1.0), ValueError, "sm_scale"),
     "sm_scale_nan": (lambda c: decode_attention(_q(), c, sm_scale=float("nan")), ValueError, "sm_scale"),
@@ -52,12 +60,14 @@ CASES = {
     "backend_cuda": (lambda c: decode_attention(_q(), c, backend="cuda"), ValueError, "backend"),
     "num_splits_zero": (lambda c: decode_attention(_q(), c, backend="triton", num_splits=0), ValueError,
                         "num_splits"),
-    "out_wrong_shape": (lambda c: decode_attention(_q(), c, out=torch.empty(2, 4, 32, dtype=torch.float16)),
+    "out_wrong_shape": (lambda c: decode_attention(_q(), c, out=torch.empty(2, 4, 32, dtype=torch.float16,
+                                                                            device=DEVICE)),
                         ValueError, "out must match q"),
-    "bits8_triton": (lambda c: decode_attention(random_q(1, 1, 64), _cache_with(bits=8), backend="triton"),
-                     ValueError, "bits"),
-    "four_v_groups_triton": (lambda c: decode_attention(random_q(1, 1, 128), _cache_with(group_size=32, dim=128),
-                                                        backend="triton"), ValueError, "group_size"),
+    "bits8_triton": (lambda c: decode_attention(random_q(1, 1, 64, device=DEVICE), _cache_with(bits=8),
+                                                backend="triton"), ValueError, "bits"),
+    "four_v_groups_triton": (lambda c: decode_attention(random_q(1, 1, 128, device=DEVICE),
+                                                        _cache_with(group_size=32, dim=128), backend="triton"),
+                             ValueError, "group_size"),
     "page_size_not_multiple": (lambda c: paged.paged_from_contiguous(c, 96), ValueError, "page_size"),
     "pool_too_small": (lambda c: paged.paged_from_contiguous(c, 64, num_pages=3), ValueError, "num_pages"),
     "tile_over_group": (lambda c: paged.decode_view(_cache_with(group_size=32), tile=64, warps=4), ValueError,
@@ -70,7 +80,7 @@ CASES = {
 @pytest.mark.parametrize("name", list(CASES))
 def test_bad_input(record, cache, name):
     call, exc, text = CASES[name]
-    record.backend, record.device, record.variant = "triton", "cpu", "bad-input"
+    record.backend, record.device, record.variant = "triton", DEVICE, "bad-input"
     with pytest.raises((TypeError, ValueError)) as info:
         call(cache)
     record.add(error_type=type(info.value).__name__, error_message=str(info.value)[:300])
@@ -84,6 +94,6 @@ def test_good_input_after_bad(record, cache):
     out = decode_attention(q, cache, backend="triton")
     ref = kernels.decode.reference_decode(q, cache)
     err = float((out.double() - ref).abs().max())
-    record.backend, record.device, record.variant = "triton", "cpu", "bad-input"
+    record.backend, record.device, record.variant = "triton", DEVICE, "bad-input"
     record.add(max_abs_err=err, states_checked=out.numel())
     assert err <= 2e-3

@@ -14,12 +14,20 @@ import kernels
 from kernels import paged
 from kernels.packing import unpack_bits
 
-LAYOUTS = [
-    (bits, d, tile, warps)
-    for bits, d, (tile, warps) in itertools.product((2, 3, 4), paged.DECODE_HEAD_DIMS,
-                                                    itertools.product(paged.TILES, paged.WARPS))
-    if tile >= 8 * warps and 1 <= d * tile // (1024 * warps) <= 8
-]
+
+def _served(d: int, tile: int, warps: int) -> bool:
+    return tile >= 8 * warps and 1 <= d * tile // (1024 * warps) <= 8
+
+
+# every bit width and head dim with the layouts the kernel picks; the other layouts at 3 bits
+LAYOUTS = sorted({
+    (bits, d, *paged.default_layout(d, g))
+    for bits, d, g in itertools.product((2, 3, 4), paged.DECODE_HEAD_DIMS, (32, 64, 128)) if d % g == 0
+} | {
+    (3, d, tile, warps)
+    for d, tile, warps in itertools.product(paged.DECODE_HEAD_DIMS, paged.TILES, paged.WARPS)
+    if _served(d, tile, warps)
+})
 
 
 def _record(record, **metrics):

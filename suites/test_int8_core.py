@@ -67,7 +67,7 @@ TIES = [  # (x with scale exactly 1, code): half to even
 ]
 
 
-@pytest.mark.parametrize("device,variant", variant_cases())
+@pytest.mark.parametrize("device,variant", variant_cases(exclude=("vectorized",)))  # D = 2 < 4
 def test_cpu_quant_values(record, device, variant):
     tag(record, device, variant)
     values = [127.0] + [v for v, _ in TIES]  # the 127 fixes the scale of the column to exactly 1

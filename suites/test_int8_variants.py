@@ -45,7 +45,7 @@ def test_gpu_correctness(record, device, variant, T, D):
     compare_to_oracle(record, x, *run_variant(x, variant))
 
 
-@pytest.mark.parametrize("device,variant", variant_cases())
+@pytest.mark.parametrize("device,variant", variant_cases(exclude=("vectorized",)))  # D = 1: see test_1x4
 @pytest.mark.parametrize("value", [0.7, -3e5, 0.0, 1e-30], ids=["pos", "neg", "zero", "tiny"])
 def test_1x1(record, device, variant, value):
     tag(record, device, variant)

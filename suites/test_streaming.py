@@ -12,6 +12,7 @@ from affine_support import (
     cache_mismatches,
     device_backends,
     elements,
+    fresh_seed,  # noqa: F401  (the seed fixture)
     gpu_or_small,
     quantize,
     random_kv,
@@ -46,11 +47,11 @@ def _cycle(*sizes):
 @pytest.mark.parametrize(("bits", "g", "dtype"), [
     (3, 32, torch.float16), (2, 64, torch.bfloat16), (4, 32, torch.float32), (8, 32, torch.float16),
 ])
-def test_append_equals_one_shot(record, device, backend, bits, g, dtype, chunking):
+def test_append_equals_one_shot(record, seed, device, backend, bits, g, dtype, chunking):
     s = gpu_or_small(2 * g + 5, 16 * g + 5, device)
     if chunking == "tokens" and backend == "triton" and device == "cpu":
         s = g + 3  # every append is a launch in the interpreter
-    k, v = random_kv((2, 2, s, 64), dtype, device, seed=bits + g, kind="outliers")
+    k, v = random_kv((2, 2, s, 64), dtype, device, seed=seed, kind="outliers")
     chunks = {"tokens": _cycle(1), "mixed": _cycle(1, 3, g - 1, g, g + 5, 2), "groups": _cycle(g)}[chunking]
     streamed = _stream(k, v, chunks, bits, g, backend)
     one_shot = quantize(k, v, bits, g, backend)
@@ -66,16 +67,16 @@ def test_append_equals_one_shot(record, device, backend, bits, g, dtype, chunkin
 
 
 @pytest.mark.parametrize(("device", "backend"), device_backends())
-def test_ragged_batch_appends_per_sequence(record, device, backend):
+def test_ragged_batch_appends_per_sequence(record, seed, device, backend):
     """Sequences of different lengths: each one streams exactly like its own one-shot cache."""
     g, extra = 32, 40
     lens = [5, 32, 70]
     s = max(lens) + extra
-    k, v = random_kv((3, 2, s, 64), torch.float16, device, seed=3)
+    k, v = random_kv((3, 2, s, 64), torch.float16, device, seed=seed)
     qkv = kernels.quantize_kv(k[:, :, : max(lens)], v[:, :, : max(lens)], 3, group_size=g, backend=backend,
                               seq_lens=lens)
     assert qkv.seq_lens.tolist() == lens
-    new_k, new_v = random_kv((3, 2, extra, 64), torch.float16, device, seed=4)
+    new_k, new_v = random_kv((3, 2, extra, 64), torch.float16, device, seed=seed + 1)
     for start, n in ((0, 1), (1, 30), (31, 9)):
         qkv.append(new_k[:, :, start:start + n], new_v[:, :, start:start + n], backend=backend)
     checked = 0
@@ -95,9 +96,9 @@ def test_ragged_batch_appends_per_sequence(record, device, backend):
 
 
 @pytest.mark.parametrize(("device", "backend"), device_backends()[:1])
-def test_capacity_grows_and_keeps_data(record, device, backend):
+def test_capacity_grows_and_keeps_data(record, seed, device, backend):
     g = 32
-    k, v = random_kv((1, 1, 5 * g, 32), torch.float16, device, seed=5)
+    k, v = random_kv((1, 1, 5 * g, 32), torch.float16, device, seed=seed)
     qkv = QuantizedKV.empty(1, 1, 32, bits=3, group_size=g, capacity=g, device=device)
     qkv.append(k[:, :, : 2 * g + 1], v[:, :, : 2 * g + 1], backend=backend)
     assert qkv.capacity >= 2 * g

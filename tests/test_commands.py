@@ -407,6 +407,7 @@ def test_family_run_dirs(tmp_path):
     for name in ("tests-cpu-a", "tests-cpu-b", "gpu_verify-gpu-a", "gpu_verify-gpu-a-bench"):
         (runs / name).mkdir(parents=True)
     (runs / "tests-stray.txt").write_text("")
+    (runs / "20261129T220226Z").mkdir()  # a plain pytest run: not part of any pipeline's report
     assert pipeline.family_run_dirs("tests", str(tmp_path)) == [str(runs / "tests-cpu-a"), str(runs / "tests-cpu-b")]
     assert len(pipeline.family_run_dirs("gpu_verify", str(tmp_path))) == 2
     assert pipeline.family_run_dirs("bench", str(tmp_path / "none")) == []

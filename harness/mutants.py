@@ -1,0 +1,747 @@
+"""Mutation testing: planted kernel bugs that the suites must catch.
+
+``python -m harness.mutants [--only NAME...] [--list] [--ci] [--results-dir DIR] [--jobs N]``
+
+Each entry of :data:`CATALOGUE` is one bug, written as an exact text substitution
+(``original`` -> ``mutated``) in one source file. The runner copies the project's
+working tree into a temporary directory per worker (the sources here are never
+touched), applies one mutant at a time, runs the suites mapped to it there with
+pytest (``-x -q -p no:cacheprovider`` and a per-mutant timeout) and restores the
+file. A mutant is *killed* when that run fails (a failing test, an error, a crash or
+a timeout) and *survives* when every selected test passes.
+
+Before any mutant runs, each distinct test selection runs once on the unmutated copy:
+a selection that fails there, selects nothing or skips everything makes its mutants
+an ERROR (a kill would prove nothing). So does a mutant whose ``original`` snippet
+no longer occurs exactly once in its file, or whose mutated Python does not compile:
+the catalogue cannot rot silently.
+
+On a machine without a GPU the suites run in the Triton interpreter, and mutants of
+CUDA sources or of branches that only compiled Triton takes are skipped (``gpu_only``);
+on a GPU everything runs compiled. Results are printed as a table and written as
+records (suite ``mutants``: outcome ``passed`` when killed, ``failed`` when it
+survived, ``error`` for a catalogue error, ``skipped``; metrics ``killed_by``,
+``seconds``) with a manifest into a run directory that ``python -m harness report``
+renders.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as _dt
+import os
+import queue
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from .records import (
+    MANIFEST_FILE,
+    RECORDS_FILE,
+    Record,
+    RecordWriter,
+    read_records,
+    utc_now,
+    write_json_atomic,
+)
+
+ROOT = Path(__file__).resolve().parent.parent
+DEFAULT_TIMEOUT_S = 600
+BAD = ("failed", "error", "crashed", "timeout")
+_SKIP_DIRS = {".git", "__pycache__", ".nox", ".venv", "reports", ".pytest_cache", ".ruff_cache",
+              ".hypothesis", "build", "shared"}
+
+
+@dataclass(frozen=True)
+class Mutant:
+    """One planted bug: replace ``original`` (which must occur exactly once) by ``mutated``.
+
+    ``select``: pytest paths or node ids (``file::test``) that must catch it, cheapest
+    first; ``k``: a ``-k`` expression applied to them (device-neutral: on CPU it picks
+    the ``cpu-*`` cases, on a GPU box the ``cuda-*`` ones). ``gpu_only``: the code only
+    runs on a GPU (CUDA source, or a branch only compiled Triton takes). ``ci``: part
+    of the CI-sized subset.
+    """
+
+    name: str
+    path: str
+    original: str
+    mutated: str
+    breaks: str
+    select: tuple[str, ...]
+    k: str | None = None
+    gpu_only: bool = False
+    ci: bool = False
+
+    @property
+    def selection(self) -> tuple[tuple[str, ...], str | None]:
+        return self.select, self.k
+
+
+def _m(name, path, original, mutated, breaks, select, k=None, *, gpu_only=False, ci=False) -> Mutant:
+    select = (select,) if isinstance(select, str) else tuple(select)
+    return Mutant(name, path, original, mutated, breaks, select, k, gpu_only, ci)
+
+
+PACKING = "kernels/packing.py"
+PACK3_CU = "kernels/cuda/pack3.cu"
+INT8 = "kernels/int8.py"
+INT8_CU = "kernels/cuda/int8_quant.cu"
+INT8_CPP = "kernels/cuda/int8_cpu_baseline.cpp"
+AFFINE = "kernels/affine.py"
+KV_CACHE = "kernels/kv_cache.py"
+DECODE = "kernels/decode.py"
+PAGED = "kernels/paged.py"
+
+GOLDEN = "suites/test_golden.py"
+WALK_BITS = "suites/test_walking.py::test_walking_bits_through_the_packed_stream"
+WALK_STRADDLE = "suites/test_walking.py::test_three_bit_straddling_lanes_in_both_layouts"
+GPTQ = "suites/test_gptq.py"
+INT8_CORE = "suites/test_int8_core.py"
+INT8_VARIANTS = "suites/test_int8_variants.py"
+AFFINE_BITS = "suites/test_affine_roundtrip.py::test_triton_matches_torch_bit_for_bit"
+AFFINE_KINDS = "suites/test_affine_roundtrip.py::test_kinds_of_groups_reconstruct"
+STREAM = "suites/test_streaming.py::test_append_equals_one_shot"
+FUSED = "suites/test_decode_fused.py"
+SMALL_AFFINE = "1x2x64x64x32"  # the cheapest shape of the bit-for-bit affine test (D = 2 G)
+
+CATALOGUE: tuple[Mutant, ...] = (
+    # ------------------------------------------------------------------ packing, Triton
+    _m("pack-byte-wrong-shift", PACKING,
+       "word = tl.sum(vals << (lanes * BITS)[None, :], axis=1)",
+       "word = tl.sum(vals << (lanes * (BITS + 1))[None, :], axis=1)",
+       "byte pack shifts lane i to bit (b+1)*i instead of b*i", GOLDEN, "triton"),
+    _m("unpack-byte-wrong-mask", PACKING,
+       "vals = ((word[:, None] >> (lanes * BITS)[None, :]) & ((1 << BITS) - 1)).to(tl.uint8)",
+       "vals = ((word[:, None] >> (lanes * BITS)[None, :]) & ((1 << BITS) - 2)).to(tl.uint8)",
+       "byte unpack masks with 2^b - 2: every value loses its LSB", GOLDEN, "triton"),
+    _m("unpack-byte-v2-straddle", PACKING,
+       "vals = ((word[:, None] >> (lanes * BITS)[None, :]) & ((1 << BITS) - 1)).to(tl.uint8)",
+       "vals = ((word[:, None] >> (lanes * BITS)[None, :])"
+       " & tl.where(lanes == 2, (1 << BITS) - 1 >> 1, (1 << BITS) - 1)[None, :]).to(tl.uint8)",
+       "byte unpack drops v2's straddle bit (b1 bit 0 for 3 bits)", GOLDEN, "triton", ci=True),
+    _m("pack-byte-v5-straddle", PACKING,
+       "        vals = vals.to(tl.int32)\n    word = tl.sum(",
+       "        vals = tl.where((lanes == 5)[None, :], vals & 1, vals).to(tl.int32)\n    word = tl.sum(",
+       "byte pack drops v5's straddle bits (b2 bits 1:0 for 3 bits)", GOLDEN, "triton"),
+    _m("unpack-word-lane10-straddle", PACKING,
+       "hi = tl.where((straddles & (word_of + 1 == k))[None, :], w[:, None]",
+       "hi = tl.where((straddles & (lanes != 10) & (word_of + 1 == k))[None, :], w[:, None]",
+       "word unpack drops lane 10's high bit (W1 bit 0)", WALK_BITS, "triton", ci=True),
+    _m("pack-word-lane21-straddle", PACKING,
+       "part = part | tl.where((straddles & (word_of + 1 == k))[None, :], high, 0)",
+       "part = part | tl.where((straddles & (lanes != 21) & (word_of + 1 == k))[None, :], high, 0)",
+       "word pack drops lane 21's high bits (W2 bits 1:0)", WALK_STRADDLE, "triton"),
+    _m("unpack-word-straddle-off-by-one", PACKING,
+       "straddles = (start % 32) + BITS > 32\n    lo = tl.zeros",
+       "straddles = (start % 32) + BITS > 33\n    lo = tl.zeros",
+       "word unpack straddle test off by one: a lane ending one bit past a word is not joined",
+       GPTQ, "triton"),
+    _m("unpack-word-wrong-shift", PACKING,
+       "lo = tl.where((word_of == k)[None, :], w[:, None] >> shift[None, :], lo)",
+       "lo = tl.where((word_of == k)[None, :], w[:, None] >> (shift + 1)[None, :], lo)",
+       "word unpack shifts one bit too far", GPTQ, "triton"),
+    _m("pack-byte-swapped-bytes", PACKING,
+       "out = ((word[:, None] >> (byte_idx * 8)[None, :]) & 0xFF).to(tl.uint8)",
+       "out = ((word[:, None] >> ((byte_idx ^ 1) * 8)[None, :]) & 0xFF).to(tl.uint8)",
+       "byte pack swaps bytes 0 and 1 of each group", GOLDEN, "triton"),
+    _m("unpack-byte-next-group", PACKING,
+       "raw = tl.load(src + groups[:, None] * NB + byte_idx[None, :],",
+       "raw = tl.load(src + (groups[:, None] * NB + byte_idx[None, :] + NB) % (n_groups * NB),",
+       "byte unpack reads the next group's bytes (off-by-one group)", GOLDEN, "triton"),
+    _m("unpack-torch-bit-order", PACKING,
+       "weights = 1 << torch.arange(bits, device=packed.device, dtype=torch.int32)",
+       "weights = 1 << torch.arange(bits, device=packed.device, dtype=torch.int32).flip(0)",
+       "torch reference unpack reads each value MSB first", GOLDEN, "torch"),
+    _m("pack-torch-msb-first-bytes", PACKING,
+       "weights = 1 << torch.arange(8, device=values.device, dtype=torch.int32)",
+       "weights = 1 << torch.arange(7, -1, -1, device=values.device, dtype=torch.int32)",
+       "torch reference pack fills each byte MSB first", GOLDEN, "torch"),
+    # ------------------------------------------------------------------ packing, CUDA
+    _m("pack3-cuda-lane10-straddle", PACK3_CU,
+       "if (kShift > 29) v |= hi_word << (32 - kShift);",
+       "if (kShift > 30) v |= hi_word << (32 - kShift);",
+       "CUDA quad unpack drops lane 10's high bit", ("suites/test_walking.py", GOLDEN), "cuda",
+       gpu_only=True),
+    _m("pack3-cuda-lane21-straddle", PACK3_CU,
+       "if constexpr (kShift > 29) {",
+       "if constexpr (kShift > 29 && I != 21) {",
+       "CUDA quad pack drops lane 21's high bits", ("suites/test_walking.py", GOLDEN), "cuda",
+       gpu_only=True),
+    _m("pack3-cuda-tail-dropped", PACK3_CU,
+       "for (int64_t o = 4 * n_quads + first; o < n_octets; o += stride) unpack_octet(",
+       "for (int64_t o = 4 * n_quads + first; o < n_octets - (wide ? n_octets % 4 : 0); o += stride)"
+       " unpack_octet(",
+       "CUDA unpack skips the octets after the last whole quad (vectorized tail dropped)",
+       (GOLDEN, GPTQ), "cuda", gpu_only=True),
+    # ------------------------------------------------------------------ INT8, Triton and torch
+    _m("int8-triton-tie-up", INT8,
+       "y = (y + _RNE_MAGIC) - _RNE_MAGIC",
+       "y = tl.floor(y + 0.5)",
+       "Triton quantize rounds ties up (2.5 -> 3) instead of to even", f"{INT8_CORE}::test_cpu_quant_values",
+       "triton", ci=True),
+    _m("int8-torch-tie-up", INT8,
+       "return torch.round((x.float() * inv).clamp_(QMIN, QMAX)).to(torch.int8)",
+       "return torch.floor(0.5 + (x.float() * inv).clamp_(QMIN, QMAX)).to(torch.int8)",
+       "torch reference rounds ties up instead of to even", f"{INT8_CORE}::test_cpu_quant_values", "torch"),
+    _m("int8-triton-clamp-126", INT8,
+       "y = tl.minimum(tl.maximum(y, -128.0), 127.0)",
+       "y = tl.minimum(tl.maximum(y, -128.0), 126.0)",
+       "Triton quantize clamps at 126: the column maximum loses a step", f"{INT8_VARIANTS}::test_1x4",
+       "triton"),
+    _m("int8-torch-scale-128", INT8,
+       "amax / torch.full_like(amax, 127.0)",
+       "amax / torch.full_like(amax, 128.0)",
+       "torch reference scale divides by 128 instead of 127", f"{INT8_CORE}::test_compute_scales_simple",
+       "torch"),
+    _m("int8-triton-floor-inclusive", INT8,
+       "s = tl.where(amax < _TINY, 0.0,",
+       "s = tl.where(amax <= _TINY, 0.0,",
+       "Triton scales: a column exactly at the 2^-64 floor gets scale 0", f"{INT8_CORE}::test_tiny_columns",
+       "triton"),
+    _m("int8-triton-column-tail", INT8,
+       "kernel[(triton.cdiv(T, block_t), triton.cdiv(D, block_d))](",
+       "kernel[(triton.cdiv(T, block_t), max(1, D // block_d))](",
+       "Triton quantize/dequantize grid drops the last partial column block (tail dropped)",
+       f"{INT8_VARIANTS}::test_gpu_correctness", "triton and 260", ci=True),
+    _m("int8-triton-absmax-signed", INT8,
+       "acc = tl.maximum(acc, tl.abs(v.to(tl.float32)).to(tl.int32, bitcast=True))",
+       "acc = tl.maximum(acc, v.to(tl.float32).to(tl.int32, bitcast=True))",
+       "Triton scales take max(x) instead of max |x|", f"{INT8_CORE}::test_compute_scales_simple", "triton"),
+    _m("int8-triton-dequant-wrong-column", INT8,
+       "s = tl.load(scales_ptr + cols, mask=col_ok, other=0.0)",
+       "s = tl.load(scales_ptr + (cols + 1) % D, mask=col_ok, other=0.0)",
+       "Triton dequantize uses the next column's scale", f"{INT8_CORE}::test_cpu_dequant_values", "triton"),
+    _m("int8-cpu-baseline-round-away", INT8_CPP,
+       "static_cast<int8_t>(std::nearbyint(y))",
+       "static_cast<int8_t>(std::round(y))",
+       "C++ baseline rounds ties away from zero (std::round)", f"{INT8_CORE}::test_cpu_quant_values",
+       "cpu_baseline"),
+    # ------------------------------------------------------------------ INT8, CUDA
+    _m("int8-cuda-vectorized-tail", INT8_CU,
+       "  for (; g < groups; g += stride) store4(out + g * 4, transform(load4(in + g * 4)));",
+       "  if (g < 0) store4(out + g * 4, transform(load4(in + g * 4)));",
+       "vectorized kernel drops the groups after its 4-in-flight loop (tail dropped)",
+       (INT8_VARIANTS, INT8_CORE), "vectorized", gpu_only=True),
+    _m("int8-cuda-clamp-126", INT8_CU,
+       "const float y = fminf(fmaxf(v * inv, -128.0f), 127.0f);",
+       "const float y = fminf(fmaxf(v * inv, -128.0f), 126.0f);",
+       "CUDA quantize clamps at 126", f"{INT8_VARIANTS}::test_1x4", "cuda", gpu_only=True),
+    _m("int8-cuda-round-away", INT8_CU,
+       "static_cast<int8_t>(__float2int_rn(y))",
+       "static_cast<int8_t>(roundf(y))",
+       "CUDA quantize rounds ties away from zero (roundf)", f"{INT8_CORE}::test_cpu_quant_values", "cuda",
+       gpu_only=True),
+    _m("int8-cuda-absmax-row-dropped", INT8_CU,
+       "for (int r = 1; r < by; ++r) m = max(m, partial[(r * bx + tx) * kCols + c]);",
+       "for (int r = 1; r < by - 1; ++r) m = max(m, partial[(r * bx + tx) * kCols + c]);",
+       "CUDA scales pass: the block reduction skips its last row of partial maxima",
+       (f"{INT8_CORE}::test_random_matches_oracle", INT8_VARIANTS), "cuda", gpu_only=True),
+    _m("int8-cuda-tiled-last-row", INT8_CU,
+       "if (row < T_ && col < D) tile[r][tx] = to_f32(in[row * D + col]);",
+       "if (row < T_ - 1 && col < D) tile[r][tx] = to_f32(in[row * D + col]);",
+       "tiled kernel never stages the last row into shared memory", INT8_VARIANTS, "tiled", gpu_only=True),
+    # ------------------------------------------------------------------ affine quantization
+    _m("affine-zero-point-sign", AFFINE,
+       "zero = torch.clamp(torch.round(-lo0 * inv), 0.0, qmax)",
+       "zero = torch.clamp(torch.round(lo0 * inv), 0.0, qmax)",
+       "torch reference zero point from +min instead of -min (clamps to 0)", AFFINE_KINDS, "torch and randn"),
+    _m("affine-triton-zero-truncated", AFFINE,
+       "zero = _rne(-lo0 * inv, INTERPRET)",
+       "zero = tl.floor(-lo0 * inv)",
+       "Triton zero point truncated instead of rounded", AFFINE_BITS, SMALL_AFFINE),
+    _m("affine-scale-rounded-to-nearest", AFFINE,
+       "return torch.where(low.float() < s, bumped, low).float()",
+       "return low.float()",
+       "torch reference rounds the fp16 scale to nearest, not up (range may not fit)", AFFINE_BITS,
+       SMALL_AFFINE),
+    _m("affine-triton-codes-floor", AFFINE,
+       "q = ((y + 6755399441055744.0) - 6755399441055744.0).to(tl.int32) + zero.to(tl.int32)",
+       "q = tl.floor(y).to(tl.int32) + zero.to(tl.int32)",
+       "Triton codes rounded down instead of to nearest", AFFINE_BITS, SMALL_AFFINE),
+    _m("affine-triton-tie-up", AFFINE,
+       "q = ((y + 6755399441055744.0) - 6755399441055744.0).to(tl.int32) + zero.to(tl.int32)",
+       "q = tl.floor(y + 0.5).to(tl.int32) + zero.to(tl.int32)",
+       "Triton codes round ties up instead of to even", AFFINE_BITS, SMALL_AFFINE),
+    _m("affine-triton-word1-shift", AFFINE,
+       "tl.store(m + 1, ((b >> 8) | (c << 16)).to(tl.int32, bitcast=True))",
+       "tl.store(m + 1, ((b >> 8) | (c << 15)).to(tl.int32, bitcast=True))",
+       "Triton 3-bit store shifts octet c one bit short in word 3m+1", AFFINE_BITS, SMALL_AFFINE),
+    _m("affine-triton-v-group-off-by-one", AFFINE,
+       "p_off = dst_tok * (D // G) + pid_c",
+       "p_off = dst_tok * (D // G) + (pid_c + 1) % (D // G)",
+       "Triton V scale/zero stored in the neighbouring channel group (off-by-one group)", AFFINE_BITS,
+       SMALL_AFFINE, ci=True),
+    _m("affine-compiled-zero-truncated", AFFINE,
+       "return libdevice.rint(y)",
+       "return libdevice.trunc(y)",
+       "compiled Triton rounds zero points toward zero", AFFINE_BITS, "triton", gpu_only=True),
+    _m("affine-compiled-codes-off-by-one", AFFINE,
+       "q = r.to(tl.int32, bitcast=True) + (zero.to(tl.int32) - 0x4B400000)",
+       "q = r.to(tl.int32, bitcast=True) + (zero.to(tl.int32) - 0x4B3FFFFF)",
+       "compiled Triton codes one too low (magic-number offset)", AFFINE_BITS, "triton", gpu_only=True),
+    _m("stream-group-boundary", KV_CACHE,
+       "            full = (r + t) // g * g\n",
+       "            full = (r + t - 1) // g * g\n",
+       "append: a group completed exactly by this append is left unquantized", STREAM, "groups and torch",
+       ci=True),
+    # ------------------------------------------------------------------ fused decode
+    _m("decode-max-not-rescaled", DECODE,
+       "    alpha = tl.exp2(m - m_new)\n    p = tl.exp2(qk - m_new[:, None])\n    l_acc = l_acc * alpha[:, None] + p",
+       "    alpha = tl.where(m > float(\"-inf\"), 1.0, 0.0)\n    p = tl.exp2(qk - m_new[:, None])\n"
+       "    l_acc = l_acc * alpha[:, None] + p",
+       "online softmax over code tiles: sum and accumulator not rescaled when the max grows",
+       f"{FUSED}::test_sm_scale_and_splits"),
+    _m("decode-residual-max-not-rescaled", DECODE,
+       "    alpha = tl.exp2(m - m_new)\n    p = tl.exp2(qk - m_new[:, None])\n    l = l * alpha + tl.sum(p, 1)",
+       "    alpha = tl.where(m > float(\"-inf\"), 1.0, 0.0)\n    p = tl.exp2(qk - m_new[:, None])\n"
+       "    l = l * alpha + tl.sum(p, 1)",
+       "online softmax over the residual window: not rescaled when the max grows", f"{FUSED}::test_lengths"),
+    _m("decode-residual-split-not-merged", DECODE,
+       "ok = s < num_parts",
+       "ok = s < num_parts - 1",
+       "merge drops the last partial (the residual window's split)", f"{FUSED}::test_lengths", ci=True),
+    _m("decode-merge-unweighted", DECODE,
+       "w = tl.exp2(lse - tl.max(lse, 0))",
+       "w = tl.where(lse > float(\"-inf\"), 1.0, 0.0)",
+       "merge averages the splits instead of weighting them by their log-sum-exp",
+       f"{FUSED}::test_sm_scale_and_splits"),
+    _m("decode-gqa-wrong-kv-head", DECODE,
+       "(h * GROUP + rows % HALF)[:, None] * stride_qh",
+       "(h + (rows % HALF) * tl.num_programs(1))[:, None] * stride_qh",
+       "GQA: query heads interleaved over kv heads (head j -> kv head j % Hkv, not j // group)",
+       f"{FUSED}::test_gqa"),
+    _m("decode-reference-gqa-interleaved", DECODE,
+       "qd = q.to(dtype).reshape(b, hkv, group, d)",
+       "qd = q.to(dtype).reshape(b, group, hkv, d).transpose(1, 2)",
+       "float64 reference maps query heads to the wrong kv heads", f"{FUSED}::test_gqa"),
+    _m("decode-code-len-off-by-one-group", DECODE,
+       "code_len = tl.minimum(length, (cached // G) * G)",
+       "code_len = tl.minimum(length, ((cached - 1) // G) * G)",
+       "a cache ending on a group boundary attends its last group from the residual window",
+       f"{FUSED}::test_seed_case", "triton", ci=True),
+    _m("decode-last-tile-dropped", DECODE,
+       "t_end = tl.minimum(t_begin + tiles_per_split, (code_len + BLOCK_T - 1) // BLOCK_T)",
+       "t_end = tl.minimum(t_begin + tiles_per_split, code_len // BLOCK_T)",
+       "a partly attended last code tile is skipped (tail dropped)", f"{FUSED}::test_partial_last_group"),
+    _m("decode-k-zero-point", DECODE,
+       "(kz.to(tl.float32) - CENTER)",
+       "(kz.to(tl.float32) + 1.0 - CENTER)",
+       "K zero point off by one code in the fused dequantization", f"{FUSED}::test_seed_case", "triton"),
+    _m("decode-v-zero-point", DECODE,
+       "ps32 * (z.to(tl.float32) - CENTER)",
+       "ps32 * (z.to(tl.float32) - 1.0 - CENTER)",
+       "V zero point off by one code in the fused dequantization", f"{FUSED}::test_seed_case", "triton"),
+    _m("decode-spare-bit-shift", DECODE,
+       "((w1 >> (11 + J)) & 0x00020002)",
+       "((w1 >> (12 + J)) & 0x00020002)",
+       "3-bit unpack reads the spare-bit pairs of plane 1 one bit off", f"{FUSED}::test_seed_case", "triton"),
+    _m("decode-compiled-last-tile", DECODE,
+       "for tile in range(t_begin, t_end):",
+       "for tile in range(t_begin, t_end - 1):",
+       "compiled split loop skips each split's last tile", f"{FUSED}::test_lengths", gpu_only=True),
+    _m("paged-fragment-permutation", PAGED,
+       "y = y.permute(*range(nd), nd + 2, nd + 0, nd + 3, nd + 1, nd + 4)",
+       "y = y.permute(*range(nd), nd + 2, nd + 0, nd + 3, nd + 4, nd + 1)",
+       "decode arrangement places values in the wrong MMA fragment registers",
+       "suites/test_decode_layout.py::test_threads_hold_their_mma_fragments"),
+    _m("paged-spare-bit-shift", PAGED,
+       "((w1 >> (11 + j)) & 0x00020002)",
+       "((w1 >> (12 + j)) & 0x00020002)",
+       "torch twin of the 3-bit unpack reads plane 1's spare bits one bit off",
+       "suites/test_decode_layout.py::test_bit_table_is_a_bijection"),
+)
+
+MUTANT_NAMES = tuple(m.name for m in CATALOGUE)
+
+
+# ------------------------------------------------------------------------------ applying
+class CatalogueError(ValueError):
+    """A mutant that cannot be applied to the current sources."""
+
+
+def apply(mutant: Mutant, text: str) -> str:
+    """``text`` with the mutant's substitution made; CatalogueError unless it occurs exactly once."""
+    count = text.count(mutant.original)
+    if count != 1:
+        where = "no longer occurs" if count == 0 else f"occurs {count} times"
+        raise CatalogueError(f"{mutant.name}: the original snippet {where} in {mutant.path}: "
+                             f"{mutant.original.strip()[:80]!r}")
+    if mutant.mutated == mutant.original:
+        raise CatalogueError(f"{mutant.name}: the mutated snippet equals the original")
+    mutated = text.replace(mutant.original, mutant.mutated)
+    if mutant.path.endswith(".py"):
+        try:
+            compile(mutated, mutant.path, "exec")
+        except SyntaxError as exc:
+            raise CatalogueError(f"{mutant.name}: the mutated {mutant.path} does not compile: {exc}") from exc
+    return mutated
+
+
+def catalogue_problems(mutants: Iterable[Mutant] = CATALOGUE, root: Path = ROOT) -> list[str]:
+    """Every reason a mutant cannot run as written against the sources under ``root``."""
+    problems = []
+    seen: set[str] = set()
+    for mutant in mutants:
+        if mutant.name in seen:
+            problems.append(f"{mutant.name}: duplicate name")
+        seen.add(mutant.name)
+        source = root / mutant.path
+        if not source.is_file():
+            problems.append(f"{mutant.name}: no file {mutant.path}")
+            continue
+        try:
+            apply(mutant, source.read_text(encoding="utf-8"))
+        except CatalogueError as exc:
+            problems.append(str(exc))
+        for target in mutant.select:
+            if not (root / target.split("::", 1)[0]).is_file():
+                problems.append(f"{mutant.name}: selected test file {target.split('::', 1)[0]} does not exist")
+    return problems
+
+
+# ------------------------------------------------------------------------------ running
+@dataclass
+class Result:
+    mutant: Mutant
+    status: str  # killed | survived | error | skipped
+    killed_by: str | None = None
+    seconds: float = 0.0
+    detail: str = ""
+
+    OUTCOME = {"killed": "passed", "survived": "failed", "error": "error", "skipped": "skipped"}
+
+    @property
+    def outcome(self) -> str:
+        return self.OUTCOME[self.status]
+
+
+@dataclass
+class RunOutput:
+    """What one pytest run in a copy gave."""
+
+    rc: int | None  # None: killed at the timeout
+    seconds: float
+    records: list[Record] = field(default_factory=list)
+    tail: str = ""
+
+    @property
+    def first_bad(self) -> Record | None:
+        return next((r for r in self.records if r.outcome in BAD), None)
+
+    @property
+    def n_passed(self) -> int:
+        return sum(r.outcome == "passed" for r in self.records)
+
+
+def project_files(root: Path = ROOT) -> list[str]:
+    """Files of the working tree (tracked and untracked-but-not-ignored; all files outside git)."""
+    try:
+        out = subprocess.run(["git", "ls-files", "-co", "--exclude-standard", "-z"], cwd=root,
+                             capture_output=True, check=True, timeout=60)
+        files = [f for f in out.stdout.decode().split("\0") if f]
+    except (OSError, subprocess.SubprocessError):
+        files = []
+        for folder, dirs, names in os.walk(root):
+            dirs[:] = [d for d in dirs if d not in _SKIP_DIRS and not d.endswith(".egg-info")]
+            files += [os.path.relpath(os.path.join(folder, n), root) for n in names]
+    return sorted(f for f in files if (root / f).is_file() and f.split("/", 1)[0] not in _SKIP_DIRS)
+
+
+def make_copy(dest: Path, root: Path = ROOT, files: Sequence[str] | None = None) -> Path:
+    for rel in files if files is not None else project_files(root):
+        target = dest / rel
+        target.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(root / rel, target)
+    return dest
+
+
+def pytest_argv(select: Sequence[str], k: str | None, results_dir: Path, python: str = sys.executable) -> list[str]:
+    argv = [python, "-m", "pytest", *select, "-x", "-q", "-p", "no:cacheprovider",
+            "--results-dir", str(results_dir), "--leg", "mutant"]
+    return argv + (["-k", k] if k else [])
+
+
+def child_env(copy: Path, environ=os.environ) -> dict:
+    env = {k: v for k, v in environ.items() if k not in ("KVH_RESULTS_DIR", "PYTEST_ADDOPTS", "PYTEST_XDIST_WORKER")}
+    env["PYTHONPATH"] = str(copy)
+    env["PYTHONDONTWRITEBYTECODE"] = "1"  # a same-size mutant in the same second must not reuse a .pyc
+    env["PYTHONUNBUFFERED"] = "1"
+    return env
+
+
+def run_selection(copy: Path, select: Sequence[str], k: str | None, timeout_s: float, scratch: Path) -> RunOutput:
+    """Run pytest on ``select`` in ``copy``; its records go to a fresh ``scratch`` directory."""
+    shutil.rmtree(scratch, ignore_errors=True)
+    start = time.perf_counter()
+    proc = subprocess.Popen(pytest_argv(select, k, scratch), cwd=copy, env=child_env(copy),
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        out, _ = proc.communicate(timeout=timeout_s)
+        rc: int | None = proc.returncode
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        out, _ = proc.communicate()
+        rc = None
+    seconds = time.perf_counter() - start
+    records = read_records(scratch / RECORDS_FILE).records if (scratch / RECORDS_FILE).exists() else []
+    return RunOutput(rc, seconds, records, out.decode(errors="replace")[-3000:])
+
+
+def _last_line(text: str) -> str:
+    lines = [line.strip() for line in text.splitlines() if line.strip() and not line.startswith("records:")]
+    return lines[-1] if lines else ""
+
+
+def clean_problem(run: RunOutput) -> str | None:
+    """Why an unmutated run of a selection cannot serve to judge mutants (None when it can)."""
+    if run.rc is None:
+        return f"the unmutated selection did not finish within the timeout ({run.seconds:.0f} s)"
+    if run.rc == 0 and run.n_passed:
+        return None
+    if run.rc == 0:
+        return "every selected test was skipped on the unmutated sources"
+    if run.rc == 5:
+        return "the selection collects no test"
+    bad = run.first_bad
+    if bad is not None:
+        return f"fails on the unmutated sources: {bad.nodeid} ({bad.outcome})"
+    return f"pytest exit {run.rc} on the unmutated sources: {_last_line(run.tail)}"
+
+
+def judge(mutant: Mutant, run: RunOutput) -> Result:
+    """Killed, survived or error, from the mutant's pytest run."""
+    if run.rc is None:
+        return Result(mutant, "killed", f"timeout (no result within {run.seconds:.0f} s)", run.seconds,
+                      "the run was stopped at the per-mutant timeout")
+    if run.rc == 0:
+        if not run.n_passed:
+            return Result(mutant, "error", None, run.seconds, "every selected test was skipped")
+        return Result(mutant, "survived", None, run.seconds, f"{run.n_passed} selected tests passed")
+    if run.rc in (3, 4, 5):
+        return Result(mutant, "error", None, run.seconds, f"pytest exit {run.rc}: {_last_line(run.tail)}")
+    bad = run.first_bad
+    if bad is not None:
+        why = (bad.message or "").strip().splitlines()
+        detail = next((line for line in reversed(why) if line.startswith("E ")), why[-1] if why else "")
+        return Result(mutant, "killed", bad.nodeid, run.seconds, detail.strip()[:300])
+    if run.rc < 0:
+        return Result(mutant, "killed", f"pytest died (signal {-run.rc})", run.seconds, _last_line(run.tail))
+    return Result(mutant, "killed", f"pytest exit {run.rc}", run.seconds, _last_line(run.tail))
+
+
+class Workspace:
+    """Copies of the project, one per worker, lent out one at a time."""
+
+    def __init__(self, jobs: int, root: Path = ROOT) -> None:
+        self.base = Path(tempfile.mkdtemp(prefix="kvh-mutants-"))
+        files = project_files(root)
+        self.pool: queue.Queue[Path] = queue.Queue()
+        for i in range(jobs):
+            self.pool.put(make_copy(self.base / f"w{i}", root, files))
+
+    def run(self, select, k, timeout_s, mutant: Mutant | None = None) -> tuple[RunOutput | None, str | None]:
+        """Run a selection in a free copy, with ``mutant`` applied for the run; (output, problem)."""
+        copy = self.pool.get()
+        source = copy / mutant.path if mutant else None
+        original = source.read_text(encoding="utf-8") if source else None
+        try:
+            if mutant:
+                source.write_text(apply(mutant, original), encoding="utf-8")
+            return run_selection(copy, select, k, timeout_s, copy / ".mutant-run"), None
+        except CatalogueError as exc:
+            return None, str(exc)
+        finally:
+            if source is not None:
+                source.write_text(original, encoding="utf-8")
+            self.pool.put(copy)
+
+    def close(self) -> None:
+        shutil.rmtree(self.base, ignore_errors=True)
+
+
+def gpu_available() -> bool:
+    try:
+        import torch
+    except ImportError:  # pragma: no cover
+        return False
+    return torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET", "0") in ("", "0")
+
+
+def run_mutants(mutants: Sequence[Mutant], *, jobs: int = 1, timeout_s: float = DEFAULT_TIMEOUT_S,
+                gpu: bool | None = None, check_clean: bool = True, root: Path = ROOT,
+                progress=print) -> list[Result]:
+    """Run each mutant against its selection in copies of ``root``; results in catalogue order."""
+    gpu = gpu_available() if gpu is None else gpu
+    results: dict[str, Result] = {}
+    runnable = []
+    for mutant in mutants:
+        problem = next(iter(catalogue_problems([mutant], root)), None)
+        if problem:
+            results[mutant.name] = Result(mutant, "error", None, 0.0, problem)
+        elif mutant.gpu_only and not gpu:
+            results[mutant.name] = Result(mutant, "skipped", None, 0.0,
+                                          "needs a GPU (CUDA source or compiled-Triton branch)")
+        else:
+            runnable.append(mutant)
+    if runnable:
+        workspace = Workspace(max(1, min(jobs, len(runnable))), root)
+        try:
+            with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
+                unclean: dict[tuple, str] = {}
+                if check_clean:
+                    selections = list(dict.fromkeys(m.selection for m in runnable))
+                    for selection, (run, _) in zip(
+                        selections, pool.map(lambda s: workspace.run(*s, timeout_s), selections), strict=True
+                    ):
+                        problem = clean_problem(run)
+                        if problem:
+                            unclean[selection] = problem
+                            progress(f"  clean check FAILED {' '.join(selection[0])} -k {selection[1]}: {problem}")
+
+                def one(mutant: Mutant) -> Result:
+                    if mutant.selection in unclean:
+                        return Result(mutant, "error", None, 0.0, unclean[mutant.selection])
+                    run, problem = workspace.run(*mutant.selection, timeout_s, mutant)
+                    result = Result(mutant, "error", None, 0.0, problem) if problem else judge(mutant, run)
+                    progress(f"  {result.status:<8} {mutant.name} ({result.seconds:.1f} s)"
+                             + (f" by {result.killed_by}" if result.killed_by else f": {result.detail}"))
+                    return result
+
+                for result in pool.map(one, runnable):
+                    results[result.mutant.name] = result
+        finally:
+            workspace.close()
+    return [results[m.name] for m in mutants]
+
+
+# ------------------------------------------------------------------------------ reporting
+def kill_rate(results: Sequence[Result]) -> tuple[int, int]:
+    """(killed, judged): judged counts killed and survived mutants (errors and skips excluded)."""
+    killed = sum(r.status == "killed" for r in results)
+    return killed, killed + sum(r.status == "survived" for r in results)
+
+
+def table(results: Sequence[Result]) -> str:
+    rows = [("mutant", "file", "what it breaks", "killed by", "time", "result")]
+    for r in results:
+        killer = (r.killed_by or (r.detail if r.status != "killed" else "")).removeprefix("suites/")
+        rows.append((r.mutant.name, r.mutant.path.removeprefix("kernels/"), r.mutant.breaks, killer,
+                     f"{r.seconds:.1f}s", r.status.upper() if r.status != "killed" else "killed"))
+    limits = (34, 22, 60, 80, 7, 8)
+    cells = [[c if len(c) <= w else c[: w - 3] + "..." for c, w in zip(row, limits, strict=True)] for row in rows]
+    widths = [max(len(row[i]) for row in cells) for i in range(len(limits))]
+    lines = ["  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip() for row in cells]
+    lines.insert(1, "  ".join("-" * w for w in widths))
+    killed, judged = kill_rate(results)
+    counts = {s: sum(r.status == s for r in results) for s in ("survived", "error", "skipped")}
+    lines.append(f"kill rate {killed}/{judged}" + "".join(f", {n} {s}" for s, n in counts.items() if n))
+    return "\n".join(lines)
+
+
+def write_results(results: Sequence[Result], run_dir: Path, *, leg: str | None, args: Sequence[str],
+                  started: str, gpu: bool) -> None:
+    """Records (suite ``mutants``) and a manifest in ``run_dir``, readable by the report."""
+    from .env import capture
+
+    env = capture(leg)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    run_id = f"{env['leg']}@{run_dir.name}"
+    counts: dict[str, int] = {}
+    with RecordWriter(run_dir / RECORDS_FILE) as writer:
+        for r in results:
+            message = None
+            if r.status != "killed":
+                message = r.detail
+            elif r.detail:
+                message = f"killed by {r.killed_by}: {r.detail}"
+            writer.write(Record(
+                suite="mutants", group="harness", case=r.mutant.name, nodeid=f"harness/mutants::{r.mutant.name}",
+                outcome=r.outcome, duration_s=round(r.seconds, 3), backend=_backend_of(r.mutant),
+                variant=r.mutant.path, device="cuda" if gpu else "cpu",
+                metrics={"killed_by": r.killed_by or "", "seconds": round(r.seconds, 2), "breaks": r.mutant.breaks},
+                message=message, run_id=run_id, leg=env["leg"],
+            ))
+            counts[r.outcome] = counts.get(r.outcome, 0) + 1
+    killed, judged = kill_rate(results)
+    write_json_atomic(run_dir / MANIFEST_FILE, {
+        "run_id": run_id, "leg": env["leg"], "mode": env["mode"], "env": env, "kind": "mutants",
+        "started": started, "finished": utc_now(), "complete": True, "exitstatus": 0,
+        "args": list(args), "counts": counts, "kill_rate": f"{killed}/{judged}",
+    })
+
+
+def _backend_of(mutant: Mutant) -> str:
+    if mutant.path.endswith(".cu"):
+        return "cuda"
+    if mutant.path.endswith(".cpp"):
+        return "cpp"
+    return "triton" if "tl." in mutant.original + mutant.mutated or "range(" in mutant.original else "torch"
+
+
+def select_mutants(only: Sequence[str] | None, ci: bool) -> list[Mutant]:
+    chosen = [m for m in CATALOGUE if m.ci] if ci else list(CATALOGUE)
+    if only:
+        unknown = [n for n in only if n not in MUTANT_NAMES]
+        if unknown:
+            raise ValueError(f"unknown mutant(s) {unknown}; known: {', '.join(MUTANT_NAMES)}")
+        chosen = [m for m in chosen if m.name in only]
+    return chosen
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m harness.mutants", description=__doc__.splitlines()[0])
+    parser.add_argument("--only", nargs="+", metavar="NAME", help="run these mutants only (see --list)")
+    parser.add_argument("--list", action="store_true", help="print the catalogue (and any catalogue error) and exit")
+    parser.add_argument("--ci", action="store_true", help="the CI-sized subset (a few minutes on 2 CPU cores)")
+    parser.add_argument("--results-dir", metavar="DIR",
+                        help="run directory for the records (default reports/runs/mutants-<UTC time>)")
+    parser.add_argument("--jobs", type=int, default=1, metavar="N", help="mutants run in parallel (default 1)")
+    parser.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT_S, metavar="S",
+                        help="seconds one mutant's pytest run may take (default %(default)s)")
+    parser.add_argument("--no-clean-check", action="store_true",
+                        help="skip the run of each selection on the unmutated sources")
+    parser.add_argument("--leg", default=None, help="version-leg name stored in the records")
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        mutants = select_mutants(args.only, args.ci)
+    except ValueError as exc:
+        print(exc, file=sys.stderr)
+        return 2
+    if args.list:
+        problems = catalogue_problems(mutants)
+        for m in mutants:
+            flags = ",".join(f for f, on in (("gpu-only", m.gpu_only), ("ci", m.ci)) if on)
+            print(f"{m.name:<36} {m.path:<30} {flags:<12} {m.breaks}")
+        print(f"{len(mutants)} mutants ({sum(not m.gpu_only for m in mutants)} run on CPU)")
+        for problem in problems:
+            print(f"CATALOGUE ERROR: {problem}")
+        return 1 if problems else 0
+    gpu = gpu_available()
+    started = utc_now()
+    stamp = _dt.datetime.now(_dt.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
+    run_dir = Path(args.results_dir or ROOT / "reports" / "runs" / f"mutants-{stamp}")
+    where = "compiled on the GPU" if gpu else "in the Triton interpreter on CPU (gpu-only mutants skipped)"
+    print(f"[mutants] {len(mutants)} mutants, {args.jobs} job(s), {where}", flush=True)
+    results = run_mutants(mutants, jobs=args.jobs, timeout_s=args.timeout, gpu=gpu,
+                          check_clean=not args.no_clean_check, progress=lambda s: print(s, flush=True))
+    print(table(results), flush=True)
+    write_results(results, run_dir, leg=args.leg, args=sys.argv[1:] if argv is None else list(argv),
+                  started=started, gpu=gpu)
+    print(f"records: {run_dir / RECORDS_FILE}", flush=True)
+    return 0 if all(r.status in ("killed", "skipped") for r in results) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

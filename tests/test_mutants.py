@@ -1,0 +1,159 @@
+"""The mutation runner: its catalogue applies to today's sources, it kills a planted bug end to
+end in a copy of the project, and it reports a harmless edit as surviving."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+
+import pytest
+
+from conftest import ROOT
+from harness import mutants
+from harness.records import MANIFEST_FILE, RECORDS_FILE, Record, read_records
+from harness.report import load_results, summarize
+from harness.report.cli import main as report_main
+
+
+def test_every_catalogue_snippet_applies_to_the_current_sources():
+    assert mutants.catalogue_problems() == []
+    assert len(mutants.CATALOGUE) >= 20
+    assert len({m.name for m in mutants.CATALOGUE}) == len(mutants.CATALOGUE)
+    on_cpu = [m for m in mutants.CATALOGUE if not m.gpu_only]
+    assert len(on_cpu) >= 20, "at least 20 mutants must run without a GPU"
+    for m in mutants.CATALOGUE:
+        assert m.select and m.breaks and m.original != m.mutated, m.name
+        source = (ROOT / m.path).read_text(encoding="utf-8")
+        assert source.count(m.original) == 1, m.name
+
+
+def test_the_ci_subset_covers_every_kernel_family():
+    ci = mutants.select_mutants(None, ci=True)
+    assert all(not m.gpu_only for m in ci), "the CI subset runs on CPU"
+    files = {m.path for m in ci}
+    for path in ("kernels/packing.py", "kernels/int8.py", "kernels/affine.py", "kernels/kv_cache.py",
+                 "kernels/decode.py"):
+        assert path in files, f"no CI mutant in {path}"
+    assert 5 <= len(ci) <= 12
+
+
+def test_apply_refuses_a_missing_a_repeated_or_a_broken_snippet():
+    m = mutants.Mutant("x", "kernels/packing.py", "a + b", "a - b", "sign", ("suites/test_golden.py",))
+    assert mutants.apply(m, "y = a + b\n") == "y = a - b\n"
+    with pytest.raises(mutants.CatalogueError, match="no longer occurs"):
+        mutants.apply(m, "y = a * b\n")
+    with pytest.raises(mutants.CatalogueError, match="occurs 2 times"):
+        mutants.apply(m, "y = a + b\nz = a + b\n")
+    broken = dataclasses.replace(m, mutated="a - (b")
+    with pytest.raises(mutants.CatalogueError, match="does not compile"):
+        mutants.apply(broken, "y = a + b\n")
+    missing_file = dataclasses.replace(m, path="kernels/no_such_module.py")
+    missing_test = dataclasses.replace(m, name="y", select=("suites/test_no_such_suite.py",))
+    problems = mutants.catalogue_problems([missing_file, missing_test])
+    assert any("no file kernels/no_such_module.py" in p for p in problems)
+    assert any("test_no_such_suite.py does not exist" in p for p in problems)
+
+
+def _record(nodeid: str, outcome: str, message: str | None = None) -> Record:
+    return Record(suite="s", case=nodeid.split("::")[-1], nodeid=nodeid, outcome=outcome, message=message)
+
+
+M = mutants.CATALOGUE[0]
+
+
+@pytest.mark.parametrize(("run", "status", "killed_by"), [
+    (mutants.RunOutput(0, 1.0, [_record("a::t1", "passed")]), "survived", None),
+    (mutants.RunOutput(0, 1.0, [_record("a::t1", "skipped")]), "error", None),
+    (mutants.RunOutput(1, 1.0, [_record("a::t1", "passed"), _record("a::t2", "failed", "E   assert 3 == 0")]),
+     "killed", "a::t2"),
+    (mutants.RunOutput(2, 1.0, [], "ImportError while importing"), "killed", "pytest exit 2"),
+    (mutants.RunOutput(-11, 1.0, [_record("a::t1", "passed")]), "killed", "pytest died (signal 11)"),
+    (mutants.RunOutput(None, 30.0, []), "killed", "timeout (no result within 30 s)"),
+    (mutants.RunOutput(4, 1.0, [], "ERROR: not found: a::t9"), "error", None),
+    (mutants.RunOutput(5, 1.0, [], "no tests ran"), "error", None),
+], ids=["pass", "all-skipped", "fail", "collection", "segfault", "timeout", "not-found", "none-collected"])
+def test_judging_a_run(run, status, killed_by):
+    result = mutants.judge(M, run)
+    assert (result.status, result.killed_by) == (status, killed_by)
+    if status == "killed" and killed_by == "a::t2":
+        assert result.detail == "E   assert 3 == 0"
+
+
+@pytest.mark.parametrize(("run", "problem"), [
+    (mutants.RunOutput(0, 1.0, [_record("a::t1", "passed")]), None),
+    (mutants.RunOutput(0, 1.0, [_record("a::t1", "skipped")]), "every selected test was skipped"),
+    (mutants.RunOutput(1, 1.0, [_record("a::t1", "failed")]), "fails on the unmutated sources: a::t1"),
+    (mutants.RunOutput(5, 1.0, []), "collects no test"),
+    (mutants.RunOutput(None, 9.0, []), "did not finish"),
+])
+def test_clean_runs_that_cannot_judge_mutants(run, problem):
+    got = mutants.clean_problem(run)
+    assert got is None if problem is None else problem in got
+
+
+def test_unknown_mutant_names_are_refused():
+    with pytest.raises(ValueError, match="unknown mutant"):
+        mutants.select_mutants(["no-such-mutant"], ci=False)
+    assert [m.name for m in mutants.select_mutants([M.name], ci=False)] == [M.name]
+    assert mutants.main(["--only", "no-such-mutant"]) == 2
+
+
+def test_list_prints_the_catalogue(capsys):
+    assert mutants.main(["--list"]) == 0
+    out = capsys.readouterr().out
+    assert all(m.name in out for m in mutants.CATALOGUE)
+    assert f"{len(mutants.CATALOGUE)} mutants" in out
+
+
+def test_copy_holds_the_project_and_no_generated_files(tmp_path):
+    files = mutants.project_files()
+    assert "kernels/packing.py" in files and "conftest.py" in files and "pyproject.toml" in files
+    assert not any("__pycache__" in f or f.startswith(("reports/", ".git/")) for f in files)
+    copy = mutants.make_copy(tmp_path / "copy", files=["kernels/packing.py", "conftest.py"])
+    assert (copy / "kernels" / "packing.py").read_bytes() == (ROOT / "kernels" / "packing.py").read_bytes()
+
+
+def test_a_planted_bug_is_killed_and_a_harmless_edit_survives(tmp_path):
+    """End to end in copies of the project: the v2 straddle bug fails the golden suite; an
+    equivalent rewrite of the same line (2 << (b - 1) == 1 << b) passes it, so the runner
+    can report survival. Neither touches this tree."""
+    planted = next(m for m in mutants.CATALOGUE if m.name == "unpack-byte-v2-straddle")
+    harmless = dataclasses.replace(planted, name="harmless-equivalent-mask", breaks="nothing",
+                                   mutated=planted.original.replace("(1 << BITS) - 1", "(2 << (BITS - 1)) - 1"))
+    assert harmless.mutated != planted.original
+    before = (ROOT / planted.path).read_bytes()
+    lines = []
+    results = mutants.run_mutants([planted, harmless], jobs=1, timeout_s=300, gpu=False, progress=lines.append)
+    assert (ROOT / planted.path).read_bytes() == before, "the runner must never touch the real sources"
+    killed, survived = results
+    assert killed.status == "killed", killed
+    assert killed.killed_by.startswith("suites/test_golden.py::") and "triton" in killed.killed_by
+    assert survived.status == "survived", survived
+    assert "passed" in survived.detail
+
+    run_dir = tmp_path / "mutants"
+    mutants.write_results(results, run_dir, leg="leg-m", args=["--only", planted.name], started="t0", gpu=False)
+    records = {r.case: r for r in read_records(run_dir / RECORDS_FILE).records}
+    assert records[planted.name].outcome == "passed" and records[harmless.name].outcome == "failed"
+    assert records[planted.name].metrics["killed_by"] == killed.killed_by
+    assert records[planted.name].suite == "mutants" and records[planted.name].metrics["seconds"] > 0
+    manifest = json.loads((run_dir / MANIFEST_FILE).read_text())
+    assert manifest["complete"] is True and manifest["kill_rate"] == "1/2"
+    table = mutants.table(results)
+    assert "kill rate 1/2, 1 survived" in table and "SURVIVED" in table
+    summary = summarize(load_results([run_dir]))
+    assert summary.stats.counts["failed"] == 1
+    html = tmp_path / "report.html"
+    assert report_main(["report", str(run_dir), "-o", str(html)]) == 0
+    assert harmless.name in html.read_text(encoding="utf-8")
+
+
+def test_a_selection_failing_on_clean_sources_makes_its_mutants_errors(tmp_path):
+    """A catalogue entry whose tests fail without any mutation proves nothing: ERROR, not killed."""
+    stale = dataclasses.replace(mutants.CATALOGUE[0], name="stale-selection",
+                                select=("suites/test_golden.py::test_no_such_test",))
+    missing = dataclasses.replace(mutants.CATALOGUE[0], name="missing-snippet", original="no such code ()")
+    results = mutants.run_mutants([stale, missing], jobs=1, timeout_s=120, gpu=False, progress=lambda s: None)
+    assert [r.status for r in results] == ["error", "error"]
+    assert "no longer occurs" in results[1].detail
+    assert results[0].killed_by is None
