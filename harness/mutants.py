@@ -139,10 +139,10 @@ CATALOGUE: tuple[Mutant, ...] = (
        "part = part | tl.where((straddles & (word_of + 1 == k))[None, :], high, 0)",
        "part = part | tl.where((straddles & (lanes != 21) & (word_of + 1 == k))[None, :], high, 0)",
        "word pack drops lane 21's high bits (W2 bits 1:0)", WALK_STRADDLE, "triton"),
-    _m("unpack-word-straddle-off-by-one", PACKING,
-       "straddles = (start % 32) + BITS > 32\n    lo = tl.zeros",
-       "straddles = (start % 32) + BITS > 33\n    lo = tl.zeros",
-       "word unpack straddle test off by one: a lane ending one bit past a word is not joined",
+    _m("word-straddle-off-by-one", PACKING,
+       "straddles = (start % 32) + BITS > 32",
+       "straddles = (start % 32) + BITS > 33",
+       "word layout straddle test off by one: a lane ending one bit past its word is not split",
        GPTQ, "triton"),
     _m("unpack-word-wrong-shift", PACKING,
        "lo = tl.where((word_of == k)[None, :], w[:, None] >> shift[None, :], lo)",
@@ -530,7 +530,7 @@ def judge(mutant: Mutant, run: RunOutput) -> Result:
     bad = run.first_bad
     if bad is not None:
         why = (bad.message or "").strip().splitlines()
-        detail = next((line for line in reversed(why) if line.startswith("E ")), why[-1] if why else "")
+        detail = next((line for line in why if line.startswith("E ")), why[-1] if why else "")
         return Result(mutant, "killed", bad.nodeid, run.seconds, detail.strip()[:300])
     if run.rc < 0:
         return Result(mutant, "killed", f"pytest died (signal {-run.rc})", run.seconds, _last_line(run.tail))
@@ -734,9 +734,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     run_dir = Path(args.results_dir or ROOT / "reports" / "runs" / f"mutants-{stamp}")
     where = "compiled on the GPU" if gpu else "in the Triton interpreter on CPU (gpu-only mutants skipped)"
     print(f"[mutants] {len(mutants)} mutants, {args.jobs} job(s), {where}", flush=True)
+    start = time.perf_counter()
     results = run_mutants(mutants, jobs=args.jobs, timeout_s=args.timeout, gpu=gpu,
                           check_clean=not args.no_clean_check, progress=lambda s: print(s, flush=True))
     print(table(results), flush=True)
+    print(f"[mutants] {time.perf_counter() - start:.0f} s in all", flush=True)
     write_results(results, run_dir, leg=args.leg, args=sys.argv[1:] if argv is None else list(argv),
                   started=started, gpu=gpu)
     print(f"records: {run_dir / RECORDS_FILE}", flush=True)

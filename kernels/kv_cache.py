@@ -29,8 +29,33 @@ from dataclasses import dataclass
 import torch
 
 
+class CacheLengths:
+    """What every cache arrangement derives the same way from ``k_residual``, ``k_scale``,
+    ``group_size`` and ``seq_lens`` (shared by :class:`QuantizedKV` and the paged cache)."""
+
+    @property
+    def head_dim(self) -> int:
+        return self.k_residual.shape[-1]
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.k_residual.dtype
+
+    @property
+    def scale_dtype(self) -> torch.dtype:
+        return self.k_scale.dtype
+
+    def quantized_lens(self) -> torch.Tensor:
+        """Tokens per sequence held in packed codes (whole groups only), int32 [B]."""
+        return (self.seq_lens // self.group_size) * self.group_size
+
+    def residual_lens(self) -> torch.Tensor:
+        """Tokens per sequence held in the fp residual window, int32 [B]."""
+        return self.seq_lens - self.quantized_lens()
+
+
 @dataclass
-class QuantizedKV:
+class QuantizedKV(CacheLengths):
     bits: int
     group_size: int
     k_codes: torch.Tensor
@@ -52,32 +77,12 @@ class QuantizedKV:
         return self.k_codes.shape[1]
 
     @property
-    def head_dim(self) -> int:
-        return self.k_residual.shape[-1]
-
-    @property
     def capacity(self) -> int:
         return self.k_codes.shape[2]
 
     @property
     def device(self) -> torch.device:
         return self.k_codes.device
-
-    @property
-    def dtype(self) -> torch.dtype:
-        return self.k_residual.dtype
-
-    @property
-    def scale_dtype(self) -> torch.dtype:
-        return self.k_scale.dtype
-
-    def quantized_lens(self) -> torch.Tensor:
-        """Tokens per sequence held in packed codes (whole groups only), int32 [B]."""
-        return (self.seq_lens // self.group_size) * self.group_size
-
-    def residual_lens(self) -> torch.Tensor:
-        """Tokens per sequence held in the fp residual window, int32 [B]."""
-        return self.seq_lens - self.quantized_lens()
 
     # -- allocation ------------------------------------------------------------------
     @classmethod

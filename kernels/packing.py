@@ -133,6 +133,18 @@ def _unpack_bytes_kernel(
 
 
 @triton.jit
+def _word_lanes(BITS: tl.constexpr, NV: tl.constexpr):
+    """Where each of the NV lanes of a word group lives: its word, its shift within that word,
+    and whether it straddles into the next word (shift + BITS > 32)."""
+    lanes = tl.arange(0, NV)
+    start = lanes * BITS
+    word_of = start // 32
+    shift = (start % 32).to(tl.uint32)
+    straddles = (start % 32) + BITS > 32
+    return lanes, word_of, shift, straddles
+
+
+@triton.jit
 def _pack_words_kernel(
     src, dst, n_groups,
     BITS: tl.constexpr, NV: tl.constexpr, NW: tl.constexpr, BLOCK: tl.constexpr,
@@ -145,11 +157,7 @@ def _pack_words_kernel(
     """
     groups = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
     in_range = groups < n_groups
-    lanes = tl.arange(0, NV)
-    start = lanes * BITS
-    word_of = start // 32
-    shift = (start % 32).to(tl.uint32)
-    straddles = (start % 32) + BITS > 32
+    lanes, word_of, shift, straddles = _word_lanes(BITS, NV)
     vals = tl.load(src + groups[:, None] * NV + lanes[None, :], mask=in_range[:, None], other=0)
     vals = vals.to(tl.uint32)
     low = vals << shift[None, :]
@@ -174,11 +182,7 @@ def _unpack_words_kernel(
     """
     groups = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
     in_range = groups < n_groups
-    lanes = tl.arange(0, NV)
-    start = lanes * BITS
-    word_of = start // 32
-    shift = (start % 32).to(tl.uint32)
-    straddles = (start % 32) + BITS > 32
+    lanes, word_of, shift, straddles = _word_lanes(BITS, NV)
     lo = tl.zeros([BLOCK, NV], dtype=tl.uint32)
     hi = tl.zeros([BLOCK, NV], dtype=tl.uint32)
     for k in tl.static_range(NW):

@@ -60,7 +60,7 @@ from dataclasses import dataclass
 import torch
 
 from ._checks import require_int, require_tensor
-from .kv_cache import QuantizedKV
+from .kv_cache import CacheLengths, QuantizedKV
 from .packing import pack_bits, unpack_bits
 
 DECODE_BITS = (2, 3, 4)
@@ -282,7 +282,7 @@ def codes_from_words(words: torch.Tensor, bits: int, role: str, d: int, tile: in
 
 # ----------------------------------------------------------------------------- paged cache
 @dataclass
-class PagedQuantizedKV:
+class PagedQuantizedKV(CacheLengths):
     """A paged, decode-arranged low-bit KV cache (layout in this module's docstring)."""
 
     bits: int
@@ -310,30 +310,12 @@ class PagedQuantizedKV:
         return self.k_words.shape[1]
 
     @property
-    def head_dim(self) -> int:
-        return self.k_residual.shape[-1]
-
-    @property
     def num_pages(self) -> int:
         return self.k_words.shape[0]
 
     @property
     def device(self) -> torch.device:
         return self.k_words.device
-
-    @property
-    def dtype(self) -> torch.dtype:
-        return self.k_residual.dtype
-
-    @property
-    def scale_dtype(self) -> torch.dtype:
-        return self.k_scale.dtype
-
-    def quantized_lens(self) -> torch.Tensor:
-        return (self.seq_lens // self.group_size) * self.group_size
-
-    def residual_lens(self) -> torch.Tensor:
-        return self.seq_lens - self.quantized_lens()
 
     def read_bytes(self, seq_lens: torch.Tensor | None = None) -> int:
         """Fewest bytes a decode step must read from this cache: codes, scales and zeros of
