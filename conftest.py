@@ -2,4 +2,4 @@
 
 import kernels._runtime  # noqa: F401  (sets TRITON_INTERPRET before any kernel is defined)
 
-pytest_plugins = ["harness.plugin"]
+pytest_plugins = ["harness.plugin", "pytester"]

@@ -212,3 +212,35 @@ def container(session: nox.Session, torch: str, triton: str) -> None:
     session.run(*commands.docker_run_command(leg, repo=str(ROOT), cache=str(cache), uid=os.getuid(),
                                              gid=os.getgid(), session=inner, args=args, environ=os.environ),
                 external=True)
+
+
+def _run_then_report(session: nox.Session, module: str, name: str) -> None:
+    """``python -m harness.<module>`` into reports/runs/<name>, then its report (rendered even when
+    the run fails, so that the failures can be read)."""
+    python = _python(session)
+    run_dir = f"{commands.REPORTS_DIR}/{commands.RUNS_SUBDIR}/{name}"
+    try:
+        session.run(python, "-m", f"harness.{module}", "--results-dir", run_dir, *session.posargs,
+                    external=_installed(session))
+    finally:
+        if Path(run_dir, "records.jsonl").exists():
+            session.run(python, "-m", "harness", "report", run_dir, "-o", f"{commands.REPORTS_DIR}/{name}.html",
+                        external=_installed(session))
+
+
+@nox.session(default=False)
+def mutants(session: nox.Session) -> None:
+    """Planted kernel bugs, one at a time, against their suites (posargs: --ci, --only NAME, --jobs N)."""
+    torch = os.environ.get("KVH_TORCH", commands.CPU_TORCH)
+    _install_stack(session, torch, os.environ.get("KVH_TRITON"))
+    _run_then_report(session, "mutants", "mutants")
+
+
+@nox.session(default=False)
+def sanitize(session: nox.Session) -> None:
+    """compute-sanitizer memcheck, racecheck and initcheck over every GPU kernel; refuses without a GPU."""
+    if not _installed(session):
+        _require_cuda_driver(session)
+        leg = next(leg for leg in commands.GPU_LEGS if leg.triton == "3.6.0")  # the reference H200 stack
+        _install_stack(session, leg.torch, leg.triton, leg.torch_index_url)
+    _run_then_report(session, "sanitize", "sanitize")

@@ -463,6 +463,19 @@ def make_copy(dest: Path, root: Path = ROOT, files: Sequence[str] | None = None)
     return dest
 
 
+def verify_copy(copy: Path) -> Path:
+    """Make sure a child process in ``copy`` imports the copy's ``kernels`` (not an installed or
+    editable one), or every mutant would silently test the original sources."""
+    probe = "import importlib.util as u; print(u.find_spec('kernels').origin)"
+    out = subprocess.run([sys.executable, "-c", probe], cwd=copy, env=child_env(copy), capture_output=True,
+                         text=True, timeout=120)
+    origin = Path(out.stdout.strip() or "?").resolve()
+    if out.returncode != 0 or copy.resolve() not in origin.parents:
+        raise RuntimeError(f"a process in the copy {copy} imports kernels from {origin}, not from the copy: "
+                           f"{out.stderr.strip()[-500:]}")
+    return copy
+
+
 def pytest_argv(select: Sequence[str], k: str | None, results_dir: Path, python: str = sys.executable) -> list[str]:
     argv = [python, "-m", "pytest", *select, "-x", "-q", "-p", "no:cacheprovider",
             "--results-dir", str(results_dir), "--leg", "mutant"]
@@ -545,7 +558,7 @@ class Workspace:
         files = project_files(root)
         self.pool: queue.Queue[Path] = queue.Queue()
         for i in range(jobs):
-            self.pool.put(make_copy(self.base / f"w{i}", root, files))
+            self.pool.put(verify_copy(make_copy(self.base / f"w{i}", root, files)))
 
     def run(self, select, k, timeout_s, mutant: Mutant | None = None) -> tuple[RunOutput | None, str | None]:
         """Run a selection in a free copy, with ``mutant`` applied for the run; (output, problem)."""
@@ -646,36 +659,46 @@ def table(results: Sequence[Result]) -> str:
     return "\n".join(lines)
 
 
-def write_results(results: Sequence[Result], run_dir: Path, *, leg: str | None, args: Sequence[str],
-                  started: str, gpu: bool) -> None:
-    """Records (suite ``mutants``) and a manifest in ``run_dir``, readable by the report."""
+def write_run(run_dir: Path, records: Sequence[Record], *, kind: str, leg: str | None, args: Sequence[str],
+              started: str, **extra) -> None:
+    """Write ``records`` (stamped with this machine's leg and a run id) and a finished manifest
+    (environment, ``kind``, counts, ``extra``) into ``run_dir``, as ``python -m harness report`` reads them."""
     from .env import capture
 
     env = capture(leg)
     run_dir.mkdir(parents=True, exist_ok=True)
     run_id = f"{env['leg']}@{run_dir.name}"
+    (run_dir / RECORDS_FILE).unlink(missing_ok=True)  # records append: a reused directory starts clean
     counts: dict[str, int] = {}
     with RecordWriter(run_dir / RECORDS_FILE) as writer:
-        for r in results:
-            message = None
-            if r.status != "killed":
-                message = r.detail
-            elif r.detail:
-                message = f"killed by {r.killed_by}: {r.detail}"
-            writer.write(Record(
-                suite="mutants", group="harness", case=r.mutant.name, nodeid=f"harness/mutants::{r.mutant.name}",
-                outcome=r.outcome, duration_s=round(r.seconds, 3), backend=_backend_of(r.mutant),
-                variant=r.mutant.path, device="cuda" if gpu else "cpu",
-                metrics={"killed_by": r.killed_by or "", "seconds": round(r.seconds, 2), "breaks": r.mutant.breaks},
-                message=message, run_id=run_id, leg=env["leg"],
-            ))
-            counts[r.outcome] = counts.get(r.outcome, 0) + 1
-    killed, judged = kill_rate(results)
+        for record in records:
+            record.run_id, record.leg = run_id, env["leg"]
+            writer.write(record)
+            counts[record.outcome] = counts.get(record.outcome, 0) + 1
     write_json_atomic(run_dir / MANIFEST_FILE, {
-        "run_id": run_id, "leg": env["leg"], "mode": env["mode"], "env": env, "kind": "mutants",
+        "run_id": run_id, "leg": env["leg"], "mode": env["mode"], "env": env, "kind": kind,
         "started": started, "finished": utc_now(), "complete": True, "exitstatus": 0,
-        "args": list(args), "counts": counts, "kill_rate": f"{killed}/{judged}",
+        "args": list(args), "counts": counts, **extra,
     })
+
+
+def result_record(r: Result, gpu: bool) -> Record:
+    message = r.detail if r.status != "killed" else (f"killed by {r.killed_by}: {r.detail}" if r.detail else None)
+    return Record(
+        suite="mutants", group="harness", case=r.mutant.name, nodeid=f"harness/mutants::{r.mutant.name}",
+        outcome=r.outcome, duration_s=round(r.seconds, 3), backend=_backend_of(r.mutant),
+        variant=r.mutant.path, device="cuda" if gpu else "cpu",
+        metrics={"killed_by": r.killed_by or "", "seconds": round(r.seconds, 2), "breaks": r.mutant.breaks},
+        message=message,
+    )
+
+
+def write_results(results: Sequence[Result], run_dir: Path, *, leg: str | None, args: Sequence[str],
+                  started: str, gpu: bool) -> None:
+    """Records (suite ``mutants``) and a manifest in ``run_dir``, readable by the report."""
+    killed, judged = kill_rate(results)
+    write_run(run_dir, [result_record(r, gpu) for r in results], kind="mutants", leg=leg, args=args,
+              started=started, kill_rate=f"{killed}/{judged}")
 
 
 def _backend_of(mutant: Mutant) -> str:
@@ -686,8 +709,12 @@ def _backend_of(mutant: Mutant) -> str:
     return "triton" if "tl." in mutant.original + mutant.mutated or "range(" in mutant.original else "torch"
 
 
-def select_mutants(only: Sequence[str] | None, ci: bool) -> list[Mutant]:
+def select_mutants(only: Sequence[str] | None, ci: bool, match: Sequence[str] | None = None) -> list[Mutant]:
+    """The catalogue, or its CI subset; narrowed to ``only`` (exact names) and to names or
+    paths containing one of ``match``."""
     chosen = [m for m in CATALOGUE if m.ci] if ci else list(CATALOGUE)
+    if match:
+        chosen = [m for m in chosen if any(s in m.name or s in m.path for s in match)]
     if only:
         unknown = [n for n in only if n not in MUTANT_NAMES]
         if unknown:
@@ -699,6 +726,8 @@ def select_mutants(only: Sequence[str] | None, ci: bool) -> list[Mutant]:
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m harness.mutants", description=__doc__.splitlines()[0])
     parser.add_argument("--only", nargs="+", metavar="NAME", help="run these mutants only (see --list)")
+    parser.add_argument("--match", nargs="+", metavar="TEXT",
+                        help="run the mutants whose name or file contains one of these (e.g. int8 decode)")
     parser.add_argument("--list", action="store_true", help="print the catalogue (and any catalogue error) and exit")
     parser.add_argument("--ci", action="store_true", help="the CI-sized subset (a few minutes on 2 CPU cores)")
     parser.add_argument("--results-dir", metavar="DIR",
@@ -715,9 +744,12 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
-        mutants = select_mutants(args.only, args.ci)
+        mutants = select_mutants(args.only, args.ci, args.match)
     except ValueError as exc:
         print(exc, file=sys.stderr)
+        return 2
+    if not mutants:
+        print("no mutant matches the selection", file=sys.stderr)
         return 2
     if args.list:
         problems = catalogue_problems(mutants)

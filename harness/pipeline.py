@@ -202,8 +202,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     steps = commands.plan(args.kind, python=python, leg=leg, gpus=gpus, reports_dir=args.reports_dir,
                           workers_per_gpu=args.workers_per_gpu, bench=not args.no_bench,
                           timeout=(args.timeout or None) if has_timeout else None, extra=pytest_extra)
-    failed = False
+    failed = True  # until every step has run: an interrupted pipeline never reports success
     try:
+        failed = False
         for step in steps:
             if step.results_dir:
                 shutil.rmtree(step.results_dir, ignore_errors=True)  # records append: start clean
@@ -211,6 +212,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             if rc == 5 and step.name == "suites":
                 _say("suites: no test was collected, so nothing was checked")
             failed |= rc not in step.ok
+    except BaseException:
+        failed = True
+        raise
     finally:
         baseline = pick_baseline(args.baseline, leg, gpu=bool(gpus))
         failed |= render(family_run_dirs(args.kind, args.reports_dir), args.reports_dir, baseline,

@@ -114,6 +114,25 @@ class RecordingPlugin:
         }
         write_json_atomic(self.run_dir / MANIFEST_FILE, self.manifest)
 
+    # -- a file that cannot be collected (import error) is an error record too ---------
+    def pytest_collectreport(self, report) -> None:
+        if not report.failed:
+            return
+        group, suite = _suite_of(report.nodeid)
+        record = Record(
+            suite=suite,
+            group=group,
+            case="<collection>",
+            nodeid=report.nodeid,
+            outcome="error",
+            message=_text(report),
+            run_id=self.run_id,
+            leg=self.leg,
+        )
+        self.writer.write(record)
+        self.counts["error"] = self.counts.get("error", 0) + 1
+        self.manifest["counts"] = dict(self.counts)
+
     # -- collecting phases into one record ---------------------------------------
     def pytest_runtest_logreport(self, report) -> None:
         if report.when == "???":  # pytest-xdist: the worker died while running this test

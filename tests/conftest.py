@@ -8,8 +8,6 @@ from pathlib import Path
 import pytest
 from synthetic import write_legs
 
-pytest_plugins = ["pytester"]
-
 ROOT = Path(__file__).resolve().parent.parent
 
 

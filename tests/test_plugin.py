@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
-from conftest import ROOT
 from harness.records import MANIFEST_FILE, RECORDS_FILE, read_records
+
+ROOT = Path(__file__).resolve().parents[1]
 
 INNER = '''
 import pytest
@@ -102,6 +104,7 @@ def test_xdist_worker_death_leaves_a_crashed_record(pytester, tmp_path, monkeypa
     path = pytester.makepyfile(test_crash='''
 import os
 import pytest
+
 
 @pytest.mark.parametrize("i", range(6))
 def test_fine(i, record):

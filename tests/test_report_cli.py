@@ -5,12 +5,15 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 from synthetic import env_for, rec, write_run
 
-from conftest import ROOT
 from harness.report.cli import main
+
+ROOT = Path(__file__).resolve().parents[1]
+
 
 
 def _passing_run(tmp_path):

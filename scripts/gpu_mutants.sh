@@ -1,0 +1,75 @@
+#!/usr/bin/env bash
+# On a GPU box: every planted bug of harness/mutants.py compiled on the GPU (CUDA-source and
+# compiled-Triton mutants included), then compute-sanitizer memcheck, racecheck and initcheck
+# over every GPU kernel (harness/sanitize.py), and one report over both.
+#
+#   bash scripts/gpu_mutants.sh [PART] [more harness.mutants options]
+#
+# PART: all (default), or one slice that fits a 10-minute command limit on its own:
+#   packing | int8 | affine | decode   the mutants of those kernel files
+#   sanitize                           compute-sanitizer only
+#   report                             re-render the report from what earlier parts left
+# Results: $OUT (else reports/runs)/gpu-mutants-<part>/ and gpu-sanitize/, the report at
+# $OUT/mutants-report.html. Environment: KVH_MUTANT_JOBS (parallel mutants, default 4),
+# KVH_EXT_DIR (CUDA extension builds, default /tmp/kvh_ext, kept across parts),
+# COMPUTE_SANITIZER (the executable when it is not on PATH or in /usr/local/cuda*/bin).
+set -uo pipefail
+cd "$(dirname "$0")/.."
+export PYTHONUNBUFFERED=1 KVH_EXT_DIR="${KVH_EXT_DIR:-/tmp/kvh_ext}"
+unset TRITON_INTERPRET  # compiled Triton on the GPU
+out="${OUT:-reports/runs}"
+part="${1:-all}"
+shift || true
+jobs="${KVH_MUTANT_JOBS:-4}"
+status=0
+
+mutants() {  # mutants NAME MATCH...
+  local name="$1"
+  shift
+  rm -rf "$out/gpu-mutants-$name"
+  python -m harness.mutants --jobs "$jobs" --results-dir "$out/gpu-mutants-$name" --match "$@" \
+    ${EXTRA:+$EXTRA} || status=1
+}
+
+sanitize() {
+  rm -rf "$out/gpu-sanitize"
+  python -m harness.sanitize --results-dir "$out/gpu-sanitize" || status=1
+}
+
+report() {
+  local dirs=("$out"/gpu-mutants-* "$out"/gpu-sanitize)
+  local found=()
+  for d in "${dirs[@]}"; do [ -d "$d" ] && found+=("$d"); done
+  if [ "${#found[@]}" -eq 0 ]; then
+    echo "no gpu-mutants-* or gpu-sanitize run under $out to report" >&2
+    return 1
+  fi
+  python -m harness report "${found[@]}" -o "$out/mutants-report.html" --junit "$out/mutants-junit.xml" \
+    --summary-md "$out/mutants-summary.md" | tail -20
+}
+
+EXTRA="$*"
+nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader || true
+python -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__, 'cuda', torch.cuda.is_available())"
+
+case "$part" in
+  packing) mutants packing packing.py pack3.cu ;;
+  int8) mutants int8 int8 ;;
+  affine) mutants affine affine.py kv_cache.py ;;
+  decode) mutants decode decode.py paged.py ;;
+  sanitize) sanitize ;;
+  report) ;;
+  all)
+    mutants packing packing.py pack3.cu
+    mutants int8 int8
+    mutants affine affine.py kv_cache.py
+    mutants decode decode.py paged.py
+    sanitize
+    ;;
+  *)
+    echo "unknown part '$part': all, packing, int8, affine, decode, sanitize or report" >&2
+    exit 2
+    ;;
+esac
+report || status=1
+exit "$status"

@@ -1,0 +1,182 @@
+"""The compute-sanitizer runner without a GPU: parsing the tools' output, the command lines,
+finding the executable, judging runs, and the records and report it writes."""
+
+from __future__ import annotations
+
+import os
+import stat
+import sys
+
+import pytest
+
+from harness import sanitize
+from harness.records import RECORDS_FILE, read_records
+from harness.report.cli import main as report_main
+
+MEMCHECK_CLEAN = """\
+========= COMPUTE-SANITIZER
+driver packing-triton: ok
+========= ERROR SUMMARY: 0 errors
+"""
+
+MEMCHECK_DIRTY = """\
+========= COMPUTE-SANITIZER
+========= Invalid __global__ write of size 4 bytes
+=========     at _pack_bytes_kernel+0x1c0 in /work/kernels/packing.py:95
+=========     by thread (31,0,0) in block (3,0,0)
+=========     Address 0x7f0000000400 is out of bounds
+=========     Saved host backtrace up to driver entry point at kernel launch time
+========= Invalid __global__ write of size 4 bytes
+=========     at _pack_bytes_kernel+0x1c0 in /work/kernels/packing.py:95
+========= Target application returned an error
+========= ERROR SUMMARY: 2 errors
+"""
+
+RACECHECK_DIRTY = """\
+========= COMPUTE-SANITIZER
+========= Error: Race reported between Write access at tiled_kernel+0x90
+=========     and Read access at tiled_kernel+0x120 [128 hazards]
+=========
+========= RACECHECK SUMMARY: 1 hazard displayed (1 error, 0 warnings)
+"""
+
+RACECHECK_CLEAN = "========= COMPUTE-SANITIZER\n========= RACECHECK SUMMARY: 0 hazards displayed (0 errors, 2 warnings)\n"
+
+INITCHECK_DIRTY = """\
+========= COMPUTE-SANITIZER
+========= Uninitialized __global__ memory read of size 4 bytes
+=========     at _decode_merge_kernel+0x2b0
+========= ERROR SUMMARY: 7 errors
+"""
+
+
+@pytest.mark.parametrize(("text", "errors", "warnings", "first"), [
+    (MEMCHECK_CLEAN, 0, 0, None),
+    (MEMCHECK_DIRTY, 2, 0, "Invalid __global__ write of size 4 bytes"),
+    (RACECHECK_DIRTY, 1, 0, "Error: Race reported between Write access at tiled_kernel+0x90"),
+    (RACECHECK_CLEAN, 0, 2, None),
+    (INITCHECK_DIRTY, 7, 0, "Uninitialized __global__ memory read of size 4 bytes"),
+    ("Traceback (most recent call last):\nRuntimeError: CUDA driver error\n", None, 0, None),
+], ids=["memcheck-clean", "memcheck-errors", "racecheck-errors", "racecheck-warnings", "initcheck", "no-summary"])
+def test_parse_output(text, errors, warnings, first):
+    summary = sanitize.parse_output(text)
+    assert (summary.errors, summary.warnings, summary.first) == (errors, warnings, first)
+
+
+@pytest.mark.parametrize(("rc", "text", "outcome", "errors"), [
+    (0, MEMCHECK_CLEAN, "passed", 0),
+    (0, RACECHECK_CLEAN, "passed", 0),
+    (1, MEMCHECK_DIRTY, "failed", 2),
+    (0, INITCHECK_DIRTY, "failed", 7),
+    (1, "========= ERROR SUMMARY: 0 errors\nAssertionError: 3 elements differ\n", "error", 0),
+    (134, "Aborted (core dumped)\n", "error", None),
+    (None, "", "timeout", None),
+])
+def test_judge(rc, text, outcome, errors):
+    check = sanitize.judge("memcheck", "int8-tiled", rc, text, 12.0)
+    assert (check.outcome, check.errors) == (outcome, errors)
+    if outcome == "failed":
+        assert check.detail
+    record = check.record()
+    assert record.suite == "sanitize" and record.case == "memcheck:int8-tiled" and record.outcome == outcome
+    assert record.metrics["errors"] == (-1 if errors is None else errors) and record.backend == "cuda"
+
+
+def test_command_lines_and_environment(monkeypatch):
+    cmd = sanitize.sanitizer_command("/opt/cs", "racecheck", "decode-triton", python="/py")
+    assert cmd[:3] == ["/opt/cs", "--tool", "racecheck"]
+    assert cmd[-5:] == ["/py", "-m", "harness.sanitize", "--run-kernel", "decode-triton"]
+    assert "--racecheck-report" in cmd
+    assert "--leak-check" in sanitize.sanitizer_command("/opt/cs", "memcheck", "packing-cuda", python="/py")
+    with pytest.raises(ValueError, match="tool must be one of"):
+        sanitize.sanitizer_command("/opt/cs", "synccheck-typo", "decode-triton")
+    with pytest.raises(ValueError, match="kernel must be one of"):
+        sanitize.sanitizer_command("/opt/cs", "memcheck", "no-such-kernel")
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    monkeypatch.setenv("PYTHONPATH", "/elsewhere")
+    env = sanitize.sanitizer_env()
+    assert env["TRITON_INTERPRET"] == "0", "the sanitizer must see compiled kernels"
+    assert env["PYTORCH_NO_CUDA_MEMORY_CACHING"] == "1", "one allocation per tensor, or overruns stay hidden"
+    assert env["PYTHONPATH"].split(os.pathsep) == [str(sanitize.ROOT), "/elsewhere"]
+
+
+def test_every_gpu_kernel_has_a_driver():
+    names = set(sanitize.KERNELS)
+    assert {"packing-triton", "packing-cuda", "int8-triton", "affine-triton", "decode-triton"} <= names
+    assert {f"int8-{v}" for v in ("naive", "tiled", "coarsened", "vectorized")} <= names
+
+
+def _executable(path):
+    path.write_text("#!/bin/sh\nexit 0\n")
+    path.chmod(path.stat().st_mode | stat.S_IXUSR)
+    return str(path)
+
+
+def test_find_sanitizer(tmp_path):
+    tool = _executable(tmp_path / "compute-sanitizer")
+    assert sanitize.find_sanitizer({"COMPUTE_SANITIZER": tool, "PATH": ""}) == tool
+    assert sanitize.find_sanitizer({"COMPUTE_SANITIZER": str(tmp_path / "missing"), "PATH": ""}) is None
+    assert sanitize.find_sanitizer({"PATH": str(tmp_path)}) == tool
+    found = sanitize.find_sanitizer({"PATH": str(tmp_path / "empty")})
+    assert found is None or found.startswith("/usr/local/cuda")
+
+
+def _fake_runner(outputs: dict, calls: list):
+    def run(cmd, env, timeout_s):
+        calls.append(cmd)
+        kernel = cmd[-1]
+        tool = cmd[cmd.index("--tool") + 1] if "--tool" in cmd else "plain"
+        rc, text = outputs.get((tool, kernel), (0, MEMCHECK_CLEAN if tool != "plain" else "driver ok\n"))
+        return rc, text, 1.5
+    return run
+
+
+def test_run_checks_records_and_report(tmp_path):
+    calls: list = []
+    outputs = {
+        ("plain", "int8-tiled"): (1, "Traceback\nAssertionError: int8 tiled codes differ\n"),
+        ("racecheck", "decode-triton"): (0, RACECHECK_DIRTY),
+        ("racecheck", "packing-cuda"): (0, RACECHECK_CLEAN),
+    }
+    checks = sanitize.run_checks(["memcheck", "racecheck"], ["packing-cuda", "int8-tiled", "decode-triton"],
+                                 sanitizer="/opt/cs", runner=_fake_runner(outputs, calls), progress=lambda s: None)
+    got = {(c.tool, c.kernel): c.outcome for c in checks}
+    assert got == {
+        ("memcheck", "packing-cuda"): "passed", ("racecheck", "packing-cuda"): "passed",
+        ("memcheck", "int8-tiled"): "error", ("racecheck", "int8-tiled"): "error",
+        ("memcheck", "decode-triton"): "passed", ("racecheck", "decode-triton"): "failed",
+    }
+    assert sum("--tool" in c for c in calls) == 4, "a driver that fails plainly is not run under the tools"
+    broken = next(c for c in checks if c.kernel == "int8-tiled")
+    assert "fails without the sanitizer" in broken.detail and "int8 tiled codes differ" in broken.detail
+    text = sanitize.table(checks, ["memcheck", "racecheck"])
+    assert "1 errors" in text and "ERROR" in text and "3/6 checks clean" in text
+
+    from harness.mutants import write_run
+
+    run_dir = tmp_path / "sanitize"
+    write_run(run_dir, [c.record() for c in checks], kind="sanitize", leg="leg-s", args=[], started="t0")
+    records = {r.case: r for r in read_records(run_dir / RECORDS_FILE).records}
+    assert records["racecheck:decode-triton"].metrics["errors"] == 1
+    assert records["racecheck:decode-triton"].message.startswith("Error: Race reported")
+    html = tmp_path / "report.html"
+    assert report_main(["report", str(run_dir), "-o", str(html)]) == 0
+    page = html.read_text(encoding="utf-8")
+    assert "racecheck:decode-triton" in page and "memcheck:int8-tiled" in page
+
+
+@pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="checks the message on a machine without a GPU")
+def test_without_a_gpu_it_says_so_and_exits_3(capsys, tmp_path):
+    assert sanitize.main(["--results-dir", str(tmp_path / "run")]) == sanitize.NOT_RUNNABLE_EXIT
+    err = capsys.readouterr().err
+    assert "NOT RUN" in err and "no CUDA device" in err
+    assert not (tmp_path / "run").exists()
+    assert sanitize.main(["--list"]) == 0
+    assert sanitize.run_kernel("packing-triton") == sanitize.NOT_RUNNABLE_EXIT
+
+
+def test_missing_sanitizer_is_named(monkeypatch):
+    monkeypatch.setattr("torch.cuda.is_available", lambda: True)
+    reason = sanitize.unavailable_reason(None)
+    assert "compute-sanitizer not found" in reason and "COMPUTE_SANITIZER" in reason
+    assert sanitize.unavailable_reason(sys.executable) is None
