@@ -5,7 +5,6 @@ Suites run through harness/pipeline.py (also `python -m harness.gpu_verify` with
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import subprocess
@@ -25,10 +24,6 @@ nox.options.reuse_venv = "yes"
 
 GPU_PARAMS = [(leg.torch, leg.triton) for leg in commands.GPU_LEGS]
 REPORT_DEPS = nox.project.load_toml(ROOT / "pyproject.toml")["project"]["optional-dependencies"]["report"]
-INCLUDE_PROBE = (
-    "import json, sysconfig; from torch.utils.cpp_extension import include_paths; "
-    "print(json.dumps(include_paths() + [sysconfig.get_paths()['include']]))"
-)
 _RAN_INSTALLED: set[str] = set()
 
 
@@ -172,26 +167,13 @@ def compile_matrix(session: nox.Session) -> None:
         except CommandFailed:
             failed.append(f"kernels.aot with triton {version}")
 
-    sources = sorted((ROOT / "kernels" / "cuda").glob("*.cu"))
     if shutil.which("nvcc") is None:
-        session.warn(f"nvcc not found: the compile check of {len(sources)} .cu file(s) is skipped")
+        session.warn("nvcc not found: the compile check of kernels/cuda/*.cu is skipped")
     else:
-        probe = session.run(python, "-c", INCLUDE_PROBE, silent=True, external=_installed(session))
-        includes = json.loads(probe.strip().splitlines()[-1])
-        out_dir = Path(session.create_tmp()) / "nvcc"
-        shims = commands.missing_header_shims(includes)
-        for rel, text in shims.items():  # a CPU build of torch: its generated CUDA headers are absent
-            (out_dir / "shims" / rel).parent.mkdir(parents=True, exist_ok=True)
-            (out_dir / "shims" / rel).write_text(text)
-        if shims:
-            includes.append(str(out_dir / "shims"))
-        out_dir.mkdir(parents=True, exist_ok=True)
-        for source in sources:
-            cmd = commands.nvcc_command(str(source.relative_to(ROOT)), str(out_dir / f"{source.stem}.o"), includes)
-            try:
-                session.run(*cmd, external=True)
-            except CommandFailed:
-                failed.append(f"nvcc {source.name}")
+        try:
+            session.run(python, "-m", "harness.compile_cuda", external=_installed(session))
+        except CommandFailed:
+            failed.append("nvcc kernels/cuda/*.cu")
     if failed:
         session.error(f"compile_matrix failed: {'; '.join(failed)}")
 

@@ -66,8 +66,9 @@ class Mutant:
     ``select``: pytest paths or node ids (``file::test``) that must catch it, cheapest
     first; ``k``: a ``-k`` expression applied to them (device-neutral: on CPU it picks
     the ``cpu-*`` cases, on a GPU box the ``cuda-*`` ones). ``gpu_only``: the code only
-    runs on a GPU (CUDA source, or a branch only compiled Triton takes). ``ci``: part
-    of the CI-sized subset.
+    runs on a GPU (CUDA source, or a branch only compiled Triton takes);
+    ``interpreter_only``: the code is a branch only the Triton interpreter takes (its
+    compiled twin has a mutant of its own). ``ci``: part of the CI-sized subset.
     """
 
     name: str
@@ -79,15 +80,17 @@ class Mutant:
     k: str | None = None
     gpu_only: bool = False
     ci: bool = False
+    interpreter_only: bool = False
 
     @property
     def selection(self) -> tuple[tuple[str, ...], str | None]:
         return self.select, self.k
 
 
-def _m(name, path, original, mutated, breaks, select, k=None, *, gpu_only=False, ci=False) -> Mutant:
+def _m(name, path, original, mutated, breaks, select, k=None, *, gpu_only=False, ci=False,
+       interpreter_only=False) -> Mutant:
     select = (select,) if isinstance(select, str) else tuple(select)
-    return Mutant(name, path, original, mutated, breaks, select, k, gpu_only, ci)
+    return Mutant(name, path, original, mutated, breaks, select, k, gpu_only, ci, interpreter_only)
 
 
 PACKING = "kernels/packing.py"
@@ -108,6 +111,7 @@ INT8_CORE = "suites/test_int8_core.py"
 INT8_VARIANTS = "suites/test_int8_variants.py"
 AFFINE_BITS = "suites/test_affine_roundtrip.py::test_triton_matches_torch_bit_for_bit"
 AFFINE_KINDS = "suites/test_affine_roundtrip.py::test_kinds_of_groups_reconstruct"
+AFFINE_TIES = "suites/test_affine_roundtrip.py::test_exact_ties_round_half_to_even_in_both_backends"
 STREAM = "suites/test_streaming.py::test_append_equals_one_shot"
 FUSED = "suites/test_decode_fused.py"
 SMALL_AFFINE = "1x2x64x64x32"  # the cheapest shape of the bit-for-bit affine test (D = 2 G)
@@ -265,11 +269,11 @@ CATALOGUE: tuple[Mutant, ...] = (
     _m("affine-triton-codes-floor", AFFINE,
        "q = ((y + 6755399441055744.0) - 6755399441055744.0).to(tl.int32) + zero.to(tl.int32)",
        "q = tl.floor(y).to(tl.int32) + zero.to(tl.int32)",
-       "Triton codes rounded down instead of to nearest", AFFINE_BITS, SMALL_AFFINE),
+       "Triton codes rounded down instead of to nearest", AFFINE_BITS, SMALL_AFFINE, interpreter_only=True),
     _m("affine-triton-tie-up", AFFINE,
        "q = ((y + 6755399441055744.0) - 6755399441055744.0).to(tl.int32) + zero.to(tl.int32)",
        "q = tl.floor(y + 0.5).to(tl.int32) + zero.to(tl.int32)",
-       "Triton codes round ties up instead of to even", AFFINE_BITS, SMALL_AFFINE),
+       "Triton codes round ties up instead of to even", AFFINE_TIES, interpreter_only=True),
     _m("affine-triton-word1-shift", AFFINE,
        "tl.store(m + 1, ((b >> 8) | (c << 16)).to(tl.int32, bitcast=True))",
        "tl.store(m + 1, ((b >> 8) | (c << 15)).to(tl.int32, bitcast=True))",
@@ -602,6 +606,9 @@ def run_mutants(mutants: Sequence[Mutant], *, jobs: int = 1, timeout_s: float = 
         elif mutant.gpu_only and not gpu:
             results[mutant.name] = Result(mutant, "skipped", None, 0.0,
                                           "needs a GPU (CUDA source or compiled-Triton branch)")
+        elif mutant.interpreter_only and gpu:
+            results[mutant.name] = Result(mutant, "skipped", None, 0.0,
+                                          "a branch only the Triton interpreter takes")
         else:
             runnable.append(mutant)
     if runnable:
@@ -648,7 +655,7 @@ def table(results: Sequence[Result]) -> str:
         killer = (r.killed_by or (r.detail if r.status != "killed" else "")).removeprefix("suites/")
         rows.append((r.mutant.name, r.mutant.path.removeprefix("kernels/"), r.mutant.breaks, killer,
                      f"{r.seconds:.1f}s", r.status.upper() if r.status != "killed" else "killed"))
-    limits = (34, 22, 60, 80, 7, 8)
+    limits = (34, 30, 60, 80, 7, 8)
     cells = [[c if len(c) <= w else c[: w - 3] + "..." for c, w in zip(row, limits, strict=True)] for row in rows]
     widths = [max(len(row[i]) for row in cells) for i in range(len(limits))]
     lines = ["  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip() for row in cells]
@@ -754,7 +761,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.list:
         problems = catalogue_problems(mutants)
         for m in mutants:
-            flags = ",".join(f for f, on in (("gpu-only", m.gpu_only), ("ci", m.ci)) if on)
+            flags = ",".join(f for f, on in (("gpu-only", m.gpu_only), ("cpu-only", m.interpreter_only),
+                                             ("ci", m.ci)) if on)
             print(f"{m.name:<36} {m.path:<30} {flags:<12} {m.breaks}")
         print(f"{len(mutants)} mutants ({sum(not m.gpu_only for m in mutants)} run on CPU)")
         for problem in problems:

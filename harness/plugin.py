@@ -14,9 +14,12 @@ the controller writes every record, and a worker that dies still leaves a
 
 from __future__ import annotations
 
+import contextlib
 import datetime as _dt
 import os
 import re
+import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -35,6 +38,16 @@ class CaseRecord:
 
     def add(self, **metrics) -> None:
         self._payload["metrics"].update(metrics)
+
+    @contextlib.contextmanager
+    def raises(self, expected, *, match: str | None = None, input: str | None = None):
+        """``pytest.raises`` that also files the error in the report's bad-input catalogue
+        (``metrics["bad_inputs"]``: one entry per bad input a test tries)."""
+        with pytest.raises(expected, match=match) as caught:
+            yield caught
+        self._payload["metrics"].setdefault("bad_inputs", []).append(
+            {"input": input or "", "error_type": type(caught.value).__name__, "error_message": str(caught.value)}
+        )
 
     @property
     def metrics(self) -> dict:
@@ -100,6 +113,7 @@ class RecordingPlugin:
         self.run_id = f"{self.leg}@{self.run_dir.name}"
         self.writer = RecordWriter(self.run_dir / RECORDS_FILE)
         self.pending: dict[str, dict] = {}
+        self.started: dict[str, float] = {}
         self.counts: dict[str, int] = {}
         self.manifest = {
             "run_id": self.run_id,
@@ -134,9 +148,19 @@ class RecordingPlugin:
         self.manifest["counts"] = dict(self.counts)
 
     # -- collecting phases into one record ---------------------------------------
+    def pytest_runtest_logstart(self, nodeid, location) -> None:
+        self.started[nodeid] = time.monotonic()
+
     def pytest_runtest_logreport(self, report) -> None:
         if report.when == "???":  # pytest-xdist: the worker died while running this test
-            self._finish(report, "crashed", _text(report), extra_duration=0.0)
+            elapsed = time.monotonic() - self.started.pop(report.nodeid, time.monotonic())
+            limit = _timeout_s(self.config)
+            if limit and elapsed + 0.5 >= limit:  # --timeout-method thread ends the worker process
+                message = (f"Timeout (>{limit:g}s): pytest-timeout ended the worker after {elapsed:.1f} s\n"
+                           f"{_text(report) or ''}")
+                self._finish(report, "timeout", message, extra_duration=elapsed)
+            else:
+                self._finish(report, "crashed", _text(report), extra_duration=elapsed)
             return
         state = self.pending.setdefault(report.nodeid, {"duration": 0.0, "outcome": None, "message": None})
         state["duration"] += report.duration
@@ -221,6 +245,39 @@ class RecordingPlugin:
         terminalreporter.write_sep("-", "kv harness records")
         terminalreporter.write_line(f"leg {self.leg} ({self.env['mode']}): {counts}")
         terminalreporter.write_line(f"records: {self.run_dir / RECORDS_FILE}")
+
+
+def _timeout_s(config) -> float:
+    """The per-test timeout of pytest-timeout (``--timeout`` or the ``timeout`` ini value), 0 if none."""
+    try:
+        value = config.getoption("timeout", None) or config.getini("timeout")
+        return float(value or 0)
+    except (ValueError, TypeError):
+        return 0.0
+
+
+# A CUDA error after which the process's context is unusable: every later CUDA call fails too.
+_CUDA_CONTEXT_LOST = re.compile(
+    r"CUDA error: (an illegal memory access|an illegal instruction|misaligned address|unspecified launch "
+    r"failure|device-side assert|invalid program counter|uncorrectable ECC)|cudaErrorIllegalAddress"
+    r"|CUDA_ERROR_ILLEGAL_ADDRESS|CUDA_ERROR_LAUNCH_FAILED", re.IGNORECASE)
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    """A test that loses the CUDA context must cost only itself: in an xdist worker, end the
+    worker at once (the controller records ``crashed`` and a fresh worker runs the rest);
+    in a single process, stop the run (the manifest says incomplete) instead of failing
+    every later GPU test."""
+    yield
+    if call.excinfo is None or not _CUDA_CONTEXT_LOST.search(str(call.excinfo.value)):
+        return
+    why = f"{item.nodeid}: {type(call.excinfo.value).__name__}: {str(call.excinfo.value).splitlines()[0]}"
+    if _is_worker(item.config):
+        sys.stderr.write(f"kv harness: the CUDA context is lost ({why}); ending this worker\n")
+        sys.stderr.flush()
+        os._exit(70)
+    item.session.shouldstop = f"the CUDA context is lost ({why})"
 
 
 def _worker_id_of(report) -> str | None:

@@ -214,3 +214,25 @@ def test_reconstruction_bound_property(bits, sdt, values, constant):
         if constant and c == float(x[0].to(sdt)) and (c == 0 or abs(c) >= SCALE_FLOOR[sdt]):
             assert torch.equal(x_hat, xs), "a representable constant reconstructs exactly"
         assert math.isfinite(s) and s > 0
+
+
+@pytest.mark.parametrize(("device", "backend"), [p for p in device_backends() if "triton" in p.id])
+def test_exact_ties_round_half_to_even_in_both_backends(record, device, backend):
+    """Groups spanning [-0.875, 0.875 - 2^-12] get the fp16 scale 0.25 exactly (3 bits), so
+    odd multiples of 0.125 land on exact halves of a code and the zero point itself is a tie:
+    the Triton kernel must round them as the reference does, to even."""
+    g, d = 32, 64
+    ties = torch.tensor([-0.875, -0.625, -0.375, -0.125, 0.125, 0.375, 0.625, 0.875 - 2**-12])
+    cyclic = ties[(torch.arange(g)[:, None] + torch.arange(d)[None, :]) % len(ties)]  # [g, d]
+    # every token row and every channel column holds all eight values, in a shuffled order
+    k = cyclic[torch.randperm(g)][:, torch.randperm(d)].to(torch.float16).reshape(1, 1, g, d).to(device)
+    v = cyclic[torch.randperm(g)][:, torch.randperm(d)].to(torch.float16).reshape(1, 1, g, d).to(device)
+    ref = quantize(k, v, 3, g, "torch")
+    got = quantize(k, v, 3, g, backend)
+    assert bool((ref.k_scale == 0.25).all()) and bool((ref.v_scale == 0.25).all())
+    x_over_s = k.float() / 0.25 + ref.k_zero.float()[..., :1, :].repeat_interleave(g, dim=2)
+    assert bool((x_over_s.frac().abs() == 0.5).any()), "the inputs must contain exact ties"
+    diff = cache_mismatches(ref, got)
+    record.backend, record.variant, record.device = backend, "b3-ties", device
+    record.add(states_checked=elements(ref), bit_errors=0 if not diff else len(diff))
+    assert not diff, diff

@@ -36,16 +36,16 @@ CPU_X = torch.ones(4, 8)
 )
 def test_bad_x(record, x, error, match):
     record.backend = "torch"
-    with pytest.raises(error, match=match):
+    with record.raises(error, match=match):
         int8.quantize_per_channel(x)
-    with pytest.raises(error, match=match):
+    with record.raises(error, match=match):
         int8.compute_scales(x)
 
 
 def test_bad_variant(record):
-    with pytest.raises(ValueError, match="variant must be one of"):
+    with record.raises(ValueError, match="variant must be one of"):
         int8.quantize_per_channel(CPU_X, variant="fast")
-    with pytest.raises(ValueError, match="variant must be one of"):
+    with record.raises(ValueError, match="variant must be one of"):
         int8.dequantize_per_channel(
             torch.zeros(4, 8, dtype=torch.int8), torch.ones(8), variant="Vectorized"
         )
@@ -54,11 +54,11 @@ def test_bad_variant(record):
 @pytest.mark.parametrize("variant", ["naive", "tiled", "coarsened", "vectorized"])
 def test_cuda_variant_on_cpu_tensors(record, variant):
     record.variant = variant
-    with pytest.raises(
+    with record.raises(
         ValueError, match=f"variant='{variant}' runs on CUDA tensors; got tensors on cpu"
     ):
         int8.quantize_per_channel(CPU_X, variant=variant)
-    with pytest.raises(ValueError, match="runs on CUDA tensors"):
+    with record.raises(ValueError, match="runs on CUDA tensors"):
         int8.dequantize_per_channel(
             torch.zeros(4, 8, dtype=torch.int8), torch.ones(8), variant=variant
         )
@@ -66,7 +66,7 @@ def test_cuda_variant_on_cpu_tensors(record, variant):
 
 def test_cpu_baseline_needs_float32(record):
     record.variant = "cpu_baseline"
-    with pytest.raises(TypeError, match="x must have dtype float32 for variant='cpu_baseline'"):
+    with record.raises(TypeError, match="x must have dtype float32 for variant='cpu_baseline'"):
         int8.quantize_per_channel(CPU_X.half(), variant="cpu_baseline")
 
 
@@ -89,34 +89,34 @@ def test_triton_on_cpu_without_interpreter(record):
 def test_bad_dequantize_arguments(record):
     q = torch.zeros(4, 8, dtype=torch.int8)
     s = torch.ones(8)
-    with pytest.raises(TypeError, match="q must have dtype int8"):
+    with record.raises(TypeError, match="q must have dtype int8"):
         int8.dequantize_per_channel(q.to(torch.uint8), s)
-    with pytest.raises(ValueError, match="q must have 2 dimensions"):
+    with record.raises(ValueError, match="q must have 2 dimensions"):
         int8.dequantize_per_channel(q.flatten(), s)
-    with pytest.raises(TypeError, match="scales must have dtype float32"):
+    with record.raises(TypeError, match="scales must have dtype float32"):
         int8.dequantize_per_channel(q, s.double())
-    with pytest.raises(ValueError, match="scales must have 1 dimensions"):
+    with record.raises(ValueError, match="scales must have 1 dimensions"):
         int8.dequantize_per_channel(q, s[None, :])
-    with pytest.raises(ValueError, match="scales must have D=8 elements"):
+    with record.raises(ValueError, match="scales must have D=8 elements"):
         int8.dequantize_per_channel(q, torch.ones(7))
-    with pytest.raises(TypeError, match="scales must be a torch.Tensor"):
+    with record.raises(TypeError, match="scales must be a torch.Tensor"):
         int8.dequantize_per_channel(q, [1.0] * 8)
 
 
 def test_bad_out(record):
-    with pytest.raises(TypeError, match="out must be a \\(q, scales\\) pair"):
+    with record.raises(TypeError, match="out must be a \\(q, scales\\) pair"):
         int8.quantize_per_channel(CPU_X, out=torch.empty(4, 8, dtype=torch.int8))
-    with pytest.raises(ValueError, match=r"out\[0\] \(q\) must have shape \(4, 8\)"):
+    with record.raises(ValueError, match=r"out\[0\] \(q\) must have shape \(4, 8\)"):
         int8.quantize_per_channel(CPU_X, out=(torch.empty(4, 9, dtype=torch.int8), torch.empty(8)))
-    with pytest.raises(TypeError, match=r"out\[1\] \(scales\) must have dtype float32"):
+    with record.raises(TypeError, match=r"out\[1\] \(scales\) must have dtype float32"):
         int8.quantize_per_channel(
             CPU_X, out=(torch.empty(4, 8, dtype=torch.int8), torch.empty(8).half())
         )
-    with pytest.raises(ValueError, match="out must be contiguous"):
+    with record.raises(ValueError, match="out must be contiguous"):
         int8.dequantize_per_channel(
             torch.zeros(4, 8, dtype=torch.int8), torch.ones(8), out=torch.empty(8, 4).T
         )
-    with pytest.raises(TypeError, match="out must have dtype float32"):
+    with record.raises(TypeError, match="out must have dtype float32"):
         int8.dequantize_per_channel(
             torch.zeros(4, 8, dtype=torch.int8), torch.ones(8), out=torch.empty(4, 8).half()
         )
@@ -135,9 +135,9 @@ def test_noncontiguous_input_is_not_reinterpreted(record):
 def test_vectorized_needs_d_multiple_of_4(record):
     record.variant = "vectorized"
     x = torch.ones(4, 6, device="cuda")
-    with pytest.raises(ValueError, match="variant='vectorized' needs D .* multiple of 4; got D=6"):
+    with record.raises(ValueError, match="variant='vectorized' needs D .* multiple of 4; got D=6"):
         int8.quantize_per_channel(x, variant="vectorized")
-    with pytest.raises(ValueError, match="got D=6"):
+    with record.raises(ValueError, match="got D=6"):
         int8.dequantize_per_channel(
             torch.zeros(4, 6, dtype=torch.int8, device="cuda"),
             torch.ones(6, device="cuda"),
@@ -149,13 +149,13 @@ def test_vectorized_needs_d_multiple_of_4(record):
 
 @pytest.mark.skipif(not CUDA, reason="needs a CUDA device")
 def test_gpu_device_mismatches(record):
-    with pytest.raises(ValueError, match="variant='cpu_baseline' runs on CPU tensors"):
+    with record.raises(ValueError, match="variant='cpu_baseline' runs on CPU tensors"):
         int8.quantize_per_channel(torch.ones(4, 8, device="cuda"), variant="cpu_baseline")
-    with pytest.raises(ValueError, match="tensors must share one device"):
+    with record.raises(ValueError, match="tensors must share one device"):
         int8.dequantize_per_channel(
             torch.zeros(4, 8, dtype=torch.int8, device="cuda"), torch.ones(8)
         )
-    with pytest.raises(ValueError, match=r"out\[0\] \(q\) must be on cuda"):
+    with record.raises(ValueError, match=r"out\[0\] \(q\) must be on cuda"):
         int8.quantize_per_channel(
             torch.ones(4, 8, device="cuda"),
             out=(torch.empty(4, 8, dtype=torch.int8), torch.empty(8)),

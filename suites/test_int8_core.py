@@ -160,8 +160,8 @@ def test_nonfinite_rejected(record, device, variant, bad):
     x = kv_matrix(20, 12, seed=5, device=device)
     x[7, 9] = bad
     x[0, 2] = bad
-    with pytest.raises(ValueError, match=r"NaN or Inf in column\(s\) \[2, 9\]"):
+    with record.raises(ValueError, match=r"NaN or Inf in column\(s\) \[2, 9\]", input=f"{bad} in x"):
         int8.quantize_per_channel(x, variant=variant)
-    with pytest.raises(ValueError, match="NaN or Inf"):
+    with record.raises(ValueError, match="NaN or Inf", input=f"{bad} in x (scales)"):
         int8.compute_scales(x, variant=variant)
     record.add(states_checked=x.numel())

@@ -10,6 +10,7 @@ report that says the run is incomplete.
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import signal
@@ -19,13 +20,15 @@ import time
 from pathlib import Path
 
 import pytest
+import torch
 
-from conftest import ROOT
 from harness.records import MANIFEST_FILE, RECORDS_FILE, read_records
 from harness.report.cli import main as report_main
 
-HAS_XDIST = __import__("importlib").util.find_spec("xdist") is not None
-HAS_TIMEOUT = __import__("importlib").util.find_spec("pytest_timeout") is not None
+ROOT = Path(__file__).resolve().parents[1]
+
+HAS_XDIST = importlib.util.find_spec("xdist") is not None
+HAS_TIMEOUT = importlib.util.find_spec("pytest_timeout") is not None
 needs_xdist = pytest.mark.skipif(not HAS_XDIST, reason="needs pytest-xdist")
 needs_timeout = pytest.mark.skipif(not HAS_TIMEOUT, reason="needs pytest-timeout (pip install pytest-timeout)")
 
@@ -144,9 +147,6 @@ def test_after(record):
 
 @needs_xdist
 @needs_timeout
-@pytest.mark.xfail(strict=True, reason="harness/plugin.py records a thread-method timeout under xdist (what "
-                   "gpu_verify runs) as 'crashed': the worker exits and only 'worker crashed' reaches the "
-                   "controller; fix proposed (time the test from pytest_runtest_logstart)")
 def test_thread_timeout_in_a_worker_ends_as_a_timeout_record(tmp_path):
     """gpu_verify runs xdist workers with ``--timeout-method thread``: pytest-timeout then ends
     the worker process, and the plugin must still tell a timeout from a crash."""
@@ -240,9 +240,7 @@ def test_after(record):
 
 
 @needs_xdist
-@pytest.mark.skipif(not __import__("torch").cuda.is_available(), reason="needs a CUDA device")
-@pytest.mark.xfail(strict=True, reason="harness/plugin.py does not yet end a worker whose CUDA context "
-                   "died (fix proposed): the fault fails, and every later test of that worker fails too")
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 def test_illegal_address_costs_only_its_test(tmp_path):
     """An out-of-bounds Triton store kills the worker's CUDA context; the worker must end (a
     ``crashed`` record) and its replacement must run the next test on a fresh context."""

@@ -5,14 +5,16 @@ from __future__ import annotations
 
 import dataclasses
 import json
+from pathlib import Path
 
 import pytest
 
-from conftest import ROOT
 from harness import mutants
 from harness.records import MANIFEST_FILE, RECORDS_FILE, Record, read_records
 from harness.report import load_results, summarize
 from harness.report.cli import main as report_main
+
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def test_every_catalogue_snippet_applies_to_the_current_sources():
@@ -89,6 +91,16 @@ def test_judging_a_run(run, status, killed_by):
 def test_clean_runs_that_cannot_judge_mutants(run, problem):
     got = mutants.clean_problem(run)
     assert got is None if problem is None else problem in got
+
+
+def test_device_bound_mutants_are_skipped_where_their_code_does_not_run():
+    gpu_only = next(m for m in mutants.CATALOGUE if m.gpu_only)
+    interpreted = next(m for m in mutants.CATALOGUE if m.interpreter_only)
+    on_cpu = mutants.run_mutants([gpu_only], gpu=False, progress=lambda s: None)
+    on_gpu = mutants.run_mutants([interpreted], gpu=True, progress=lambda s: None)
+    assert (on_cpu[0].status, on_gpu[0].status) == ("skipped", "skipped")
+    assert "needs a GPU" in on_cpu[0].detail and "interpreter" in on_gpu[0].detail
+    assert on_cpu[0].outcome == "skipped"
 
 
 def test_unknown_mutant_names_are_refused():

@@ -8,6 +8,7 @@ import stat
 import sys
 
 import pytest
+import torch
 
 from harness import sanitize
 from harness.records import RECORDS_FILE, read_records
@@ -165,7 +166,7 @@ def test_run_checks_records_and_report(tmp_path):
     assert "racecheck:decode-triton" in page and "memcheck:int8-tiled" in page
 
 
-@pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="checks the message on a machine without a GPU")
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the message on a machine without a GPU")
 def test_without_a_gpu_it_says_so_and_exits_3(capsys, tmp_path):
     assert sanitize.main(["--results-dir", str(tmp_path / "run")]) == sanitize.NOT_RUNNABLE_EXIT
     err = capsys.readouterr().err

@@ -32,7 +32,7 @@ CASE_COLUMNS = [
     ("speedup", "speedup", "t"),
 ]
 _SHOWN_ELSEWHERE = {"shape", "speedup", "states_checked", "elements_checked", "bytes", "copy_gbps",
-                    "error_type", "error_message", *STANDARD_METRICS}
+                    "error_type", "error_message", "bad_inputs", *STANDARD_METRICS}
 
 ENV_ROWS = [
     ("leg", lambda run, s: run.leg),

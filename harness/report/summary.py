@@ -131,6 +131,20 @@ class BadInput:
         return any(o in BAD_OUTCOMES for o in self.outcomes.values())
 
 
+def _bad_inputs_of(r: Record) -> list[tuple[str, str, str]]:
+    """(case, error type, message) for each bad input a record tried: the single
+    ``error_type``/``error_message`` pair, and every entry of ``bad_inputs``."""
+    found = []
+    if "error_type" in r.metrics or "error_message" in r.metrics:
+        found.append((r.case, str(r.metrics.get("error_type", "")), str(r.metrics.get("error_message", ""))))
+    entries = r.metrics.get("bad_inputs")
+    for entry in entries if isinstance(entries, list) else ():
+        if isinstance(entry, dict):
+            label = f"{r.case}: {entry['input']}" if entry.get("input") else r.case
+            found.append((label, str(entry.get("error_type", "")), str(entry.get("error_message", ""))))
+    return found
+
+
 @dataclass
 class Summary:
     results: ResultSet
@@ -203,12 +217,10 @@ class Summary:
         """What each bad-input case raised, merged over legs (one row per distinct error)."""
         rows: dict[tuple, BadInput] = {}
         for run, r in self.results.pairs():
-            if "error_type" not in r.metrics and "error_message" not in r.metrics:
-                continue
-            etype, message = str(r.metrics.get("error_type", "")), str(r.metrics.get("error_message", ""))
-            key = (suite_name(r), r.case, r.backend, etype, message)
-            row = rows.setdefault(key, BadInput(suite_name(r), r.case, r.backend, etype, message))
-            row.outcomes[run.label] = r.outcome
+            for case, etype, message in _bad_inputs_of(r):
+                key = (suite_name(r), case, r.backend, etype, message)
+                row = rows.setdefault(key, BadInput(suite_name(r), case, r.backend, etype, message))
+                row.outcomes[run.label] = r.outcome
         return list(rows.values())
 
     def copy_ceiling(self, run: Run) -> float | None:
