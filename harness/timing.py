@@ -45,6 +45,23 @@ def copy_bandwidth_gbps(device_index: int = 0, nbytes: int = COPY_BYTES) -> floa
     return 2 * nbytes / (ms * 1e-3) / 1e9
 
 
+@cache
+def write_bandwidth_gbps(device_index: int = 0, nbytes: int = COPY_BYTES) -> float:
+    """Write-only bandwidth in GB/s (a fill), measured once per process: the ceiling that
+    write-heavy kernels (unpacking: 2.67 bytes written per byte read) approach instead of the copy's."""
+    if not torch.cuda.is_available():
+        raise RuntimeError("write bandwidth needs a CUDA device")
+    with torch.cuda.device(device_index):
+        ms = _fill_ms(nbytes)
+        torch.cuda.empty_cache()
+    return nbytes / (ms * 1e-3) / 1e9
+
+
+def _fill_ms(nbytes: int) -> float:
+    dst = torch.empty(nbytes // 4, dtype=torch.int32, device="cuda")
+    return median_ms(lambda: dst.fill_(7), warmup_ms=50, rep_ms=300)
+
+
 def _copy_ms(nbytes: int) -> float:
     src = torch.empty(nbytes // 4, dtype=torch.int32, device="cuda").random_()
     dst = torch.empty_like(src)

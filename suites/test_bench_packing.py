@@ -12,7 +12,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from harness.timing import bandwidth_metrics, median_ms
+from harness.timing import bandwidth_metrics, median_ms, write_bandwidth_gbps
 from kernels.packing import pack_bits, unpack_bits
 from suites.packing_support import device_backend_params
 
@@ -53,4 +53,6 @@ def test_bench_pack_unpack_1gib(record, device, backend, layout, direction):
     del out
     ms = median_ms(run)
     metrics = bandwidth_metrics(packed.numel() + values.numel(), ms)
+    if device == "cuda":
+        metrics["write_only_gbps"] = write_bandwidth_gbps()  # unpacking writes 2.67 B per byte read
     record.add(shape=_size_label(packed.numel()), packed_bytes=packed.numel(), **metrics)
