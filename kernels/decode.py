@@ -251,10 +251,13 @@ def _tile_params(
     off = t0 - page_idx * page_size
     page = tl.load(bt_ptr + b * stride_bt_b + page_idx, mask=live, other=0).to(tl.int64)
     kbase = page * stride_ks_p + h * stride_ks_h + (off // G) * stride_ks_g + d
-    ks = tl.load(ks_ptr + kbase, mask=live, other=0.0)
-    kz = tl.load(kz_ptr + kbase, mask=live, other=0.0)
+    # Vector masks built by a vector comparison: triton 3.9's interpreter keeps a scalar
+    # comparison's result as int32 data, which `&` would carry into a load mask it rejects.
+    k_live = d < tl.where(live, D, 0)
+    ks = tl.load(ks_ptr + kbase, mask=k_live, other=0.0)
+    kz = tl.load(kz_ptr + kbase, mask=k_live, other=0.0)
     vbase = page * stride_vs_p + h * stride_vs_h + (off + tt) * stride_vs_t
-    valid = (t0 + tt < code_len) & live
+    valid = (t0 + tt < code_len) & (tt < tl.where(live, BLOCK_T, 0))
     vs0 = tl.load(vs_ptr + vbase, mask=valid, other=0.0)
     vz0 = tl.load(vz_ptr + vbase, mask=valid, other=0.0)
     vs1 = vs0
