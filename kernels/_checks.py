@@ -70,9 +70,10 @@ def require_finite(name: str, tensor: torch.Tensor) -> None:
 def resolve_backend(backend: str | None, device: torch.device, supported: Iterable[str] = BACKENDS) -> str:
     """Pick or check a backend for tensors on ``device``.
 
-    ``None`` picks the fastest available: ``cuda``/``triton`` on a GPU (first of
-    ``supported`` in that order), ``triton`` on CPU when the interpreter is on,
-    else ``torch``.
+    ``None`` picks the compiled kernels on a GPU (``triton``, else ``cuda``, else ``torch``,
+    the first that ``supported`` lists) and the torch reference on CPU (the interpreter
+    is a checking tool, far slower than torch). An explicit choice is checked against
+    the device and the interpreter mode.
     """
     supported = tuple(supported)
     if backend is None:

@@ -8,6 +8,7 @@ that the same kernels run on CPU tensors. An explicit ``TRITON_INTERPRET=0`` or
 
 from __future__ import annotations
 
+import contextlib
 import os
 
 import torch
@@ -24,3 +25,9 @@ def triton_interpreted() -> bool:
 def run_mode() -> str:
     """``"gpu"`` when compiled kernels run on a CUDA device, else ``"interpreter"``."""
     return "gpu" if torch.cuda.is_available() and not triton_interpreted() else "interpreter"
+
+
+def on_device(device: torch.device):
+    """Make ``device`` current for kernel launches (Triton and raw CUDA launch on the current
+    device, not on their tensors' device); a no-op context for CPU tensors."""
+    return torch.cuda.device(device) if device.type == "cuda" else contextlib.nullcontext()

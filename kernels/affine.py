@@ -36,6 +36,7 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
+from torch.autograd.graph import increment_version
 from triton.language.extra import libdevice
 
 from ._checks import (
@@ -47,7 +48,7 @@ from ._checks import (
     require_tensor,
     resolve_backend,
 )
-from ._runtime import triton_interpreted
+from ._runtime import on_device, triton_interpreted
 from .aot import AotSpec
 from .kv_cache import QuantizedKV
 from .packing import pack_bits, unpack_bits
@@ -328,14 +329,19 @@ def _num_warps(group_size: int, per_channel: bool) -> int:
 def _launch_quantize(x, codes, scale, zero, tok_offset, group_size, bits, per_channel) -> None:
     b, h, t, d = x.shape
     grid = (t // group_size, d // group_size, b * h)
-    _quantize_kernel[grid](
-        x, codes, scale, zero,
-        h, t, codes.shape[2], tok_offset,
-        *x.stride(),
-        D=d, G=group_size, BITS=bits, PER_CHANNEL=per_channel,
-        SCALE_FP16=scale.dtype == torch.float16, FLOOR=SCALE_FLOOR[scale.dtype],
-        INTERPRET=triton_interpreted(), num_warps=_num_warps(group_size, per_channel),
-    )
+    with on_device(x.device):
+        _quantize_kernel[grid](
+            x, codes, scale, zero,
+            h, t, codes.shape[2], tok_offset,
+            *x.stride(),
+            D=d, G=group_size, BITS=bits, PER_CHANNEL=per_channel,
+            SCALE_FP16=scale.dtype == torch.float16, FLOOR=SCALE_FLOOR[scale.dtype],
+            INTERPRET=triton_interpreted(), num_warps=_num_warps(group_size, per_channel),
+        )
+    # torch does not see a kernel's writes: bump the version counters so that views built
+    # from these tensors (the decode arrangement) know they changed
+    for written in (codes, scale, zero):
+        increment_version(written)
 
 
 # ----------------------------------------------------------------------------- checks

@@ -36,11 +36,6 @@ def collect_specs(modules=KERNEL_MODULES) -> tuple[list[AotSpec], list[str]]:
     for module_name in modules:
         try:
             module = importlib.import_module(module_name)
-        except ModuleNotFoundError as exc:
-            if exc.name == module_name:
-                continue
-            problems.append(f"{module_name}: {type(exc).__name__}: {exc}")
-            continue
         except Exception as exc:  # noqa: BLE001 - a broken module must not hide the others
             problems.append(f"{module_name}: {type(exc).__name__}: {exc}")
             continue

@@ -46,7 +46,7 @@ from ._checks import (
     require_tensor,
     resolve_backend,
 )
-from ._runtime import triton_interpreted
+from ._runtime import on_device, triton_interpreted
 from .aot import AotSpec
 from .kv_cache import QuantizedKV
 from .paged import (
@@ -661,7 +661,16 @@ def decode_attention(
     g = cache.group_size
     max_code = max(min(n, c // g * g) for n, c in zip(lens, held, strict=True))
     lens32 = lens_t if lens_t.dtype == torch.int32 else lens_t.to(torch.int32)
-    return _triton_decode(q, view, lens32.contiguous(), cache.seq_lens, max_code, sm_scale, num_splits, out)
+    # The kernels address q and out with unit stride along D: strided views go through
+    # contiguous buffers (q copied in, the result copied into the caller's out).
+    direct = out.is_contiguous()
+    result = out if direct else torch.empty_like(out, memory_format=torch.contiguous_format)
+    with on_device(q.device):
+        _triton_decode(q.contiguous(), view, lens32.contiguous(), cache.seq_lens, max_code, sm_scale,
+                       num_splits, result)
+    if not direct:
+        out.copy_(result)
+    return out
 
 
 # ----------------------------------------------------------------------------- AOT specializations

@@ -65,7 +65,7 @@ from ._checks import (
     require_tensor,
     resolve_backend,
 )
-from ._runtime import triton_interpreted
+from ._runtime import on_device, triton_interpreted
 from .aot import AotSpec
 
 VARIANTS = ("torch", "cpu_baseline", "naive", "tiled", "coarsened", "vectorized", "triton")
@@ -385,25 +385,11 @@ def _triton_elementwise(kernel, src: torch.Tensor, param: torch.Tensor, dst: tor
     )
 
 
-def _on_device(device: torch.device):
-    if device.type == "cuda":
-        return torch.cuda.device(device)
-    return _NullContext()
-
-
-class _NullContext:
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        return False
-
-
 # ----------------------------------------------------------------------------- dispatch
 def _scales_and_inverse(x: torch.Tensor, variant: str, scales: torch.Tensor) -> torch.Tensor:
     """Fill ``scales`` [D]; return inv [D] (1/s, 0 where s == 0); raise on non-finite input."""
     inv = torch.empty_like(scales)
-    with _on_device(x.device):
+    with on_device(x.device):
         if variant == "torch":
             _torch_scales(x, scales, inv)
         elif variant == "cpu_baseline":
@@ -461,7 +447,7 @@ def quantize_per_channel(
     )
     x = _input(x, variant)
     inv = _scales_and_inverse(x, variant, scales)
-    with _on_device(x.device):
+    with on_device(x.device):
         if variant == "torch":
             _torch_quantize(x, inv, q)
         elif variant == "cpu_baseline":
@@ -491,7 +477,7 @@ def dequantize_per_channel(
     result = _output("out", out, (T, D), torch.float32, q.device, variant)
     q = _input(q, variant)
     scales = _input(scales, variant)
-    with _on_device(q.device):
+    with on_device(q.device):
         if variant == "torch":
             _torch_dequantize(q, scales, result)
         elif variant == "cpu_baseline":

@@ -24,7 +24,7 @@ import triton
 import triton.language as tl
 
 from ._checks import require_choice, require_dtype, require_int, require_tensor, resolve_backend
-from ._runtime import triton_interpreted
+from ._runtime import on_device, triton_interpreted
 from .aot import AotSpec
 
 LAYOUTS = ("byte", "word")
@@ -213,7 +213,8 @@ def _launch(kernel, src: torch.Tensor, dst: torch.Tensor, n_groups: int, geo: Ge
     block = max(1, _values_per_program(triton_interpreted()) // geo.values)
     block = min(block, triton.next_power_of_2(max(n_groups, 1)))
     grid = (triton.cdiv(n_groups, block),)
-    kernel[grid](src, dst, n_groups, BLOCK=block, **meta)
+    with on_device(src.device):
+        kernel[grid](src, dst, n_groups, BLOCK=block, **meta)
 
 
 def _pack_triton(values: torch.Tensor, geo: Geometry) -> torch.Tensor:

@@ -189,14 +189,18 @@ def test_sm_scale_and_splits(record, device):
     assert spread <= 2e-3
 
 
-def test_streaming_appends(record, device):
-    """Token-by-token appends across a group boundary: the cached decode view follows the cache."""
+@pytest.mark.parametrize("append_backend", ["torch", "triton"])
+def test_streaming_appends(record, device, append_backend):
+    """Token-by-token appends across a group boundary, quantized by either backend (the Triton
+    kernel writes behind torch's back): the cached decode view follows the cache."""
     k, v = random_kv(1, 1, 70, 64, device=device, seed=160)
     q = random_q(1, 1, 64, device=device, seed=161)
     cache = _cache(k[:, :, :60], v[:, :, :60])
+    cache.reserve(128)  # the group completed at token 64 is written in place, not reallocated
+    decode_attention(q, cache, backend="triton")  # build the cached view before the appends
     worst = 0.0
     for t in range(60, 70):
-        cache.append(k[:, :, t], v[:, :, t], backend="torch")
+        cache.append(k[:, :, t], v[:, :, t], backend=append_backend)
         out = decode_attention(q, cache, backend="triton", out=poisoned_like(q))
         worst = max(worst, errors(out, reference_decode(q, cache))["max_abs_err"])
     record.backend, record.device = "triton", str(device)
@@ -211,3 +215,20 @@ def test_other_layouts(record, device, tile, warps):
     q = random_q(1, 4, 64, device=device, seed=171)
     cache = _cache(k, v)
     run_checked(record, q, decode_view(cache, tile=tile, warps=warps))
+
+
+def test_strided_q_and_out(record, device):
+    """q and out that are views with a non-unit stride along D give the contiguous result."""
+    k, v = random_kv(1, 2, 100, 64, device=device, seed=180)
+    cache = _cache(k, v)
+    q = random_q(1, 4, 64, device=device, seed=181)
+    q_strided = q.transpose(1, 2).contiguous().transpose(1, 2)  # [B, Hq, D] with stride 1 along Hq
+    assert not q_strided.is_contiguous()
+    out_storage = torch.full((1, 64, 4), float("nan"), dtype=q.dtype, device=device)
+    out_strided = out_storage.transpose(1, 2)
+    expected = decode_attention(q, cache, backend="triton")
+    got = decode_attention(q_strided, cache, backend="triton", out=out_strided)
+    assert got is out_strided
+    record.backend, record.device = "triton", str(device)
+    record.add(max_abs_err=float((got.float() - expected.float()).abs().max()), states_checked=q.numel())
+    assert torch.equal(got, expected)
