@@ -9,8 +9,9 @@ import kernels._runtime  # noqa: F401
 
 
 @pytest.fixture
-def rng() -> torch.Generator:
-    """A generator seeded afresh for every test (inputs differ from run to run)."""
+def rng(record) -> torch.Generator:
+    """A generator seeded afresh for every test (inputs differ from run to run); the seed is
+    recorded with the case so that a failure can be replayed with ``torch.Generator().manual_seed``."""
     gen = torch.Generator()
-    gen.seed()
+    record.add(seed=gen.seed())
     return gen

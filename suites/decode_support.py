@@ -10,6 +10,7 @@ import torch
 import kernels
 from kernels.decode import attention_reference, decode_attention, reference_decode
 from kernels.kv_cache import QuantizedKV
+from kernels.paged import default_layout
 
 FP16_TOL = 2e-3  # kernel error against the float64 reference, fp16 outputs (issue 4)
 BF16_TOL = 1.6e-2  # bf16 outputs: their own rounding is 2^-9 relative
@@ -106,8 +107,11 @@ def run_checked(record, q, cache, *, backend="triton", seq_lens=None, sm_scale=N
     error against attention on the original K/V), record the figures and assert the tolerance."""
     record.backend = backend
     record.device = str(q.device)
-    record.variant = variant or (f"t{getattr(cache, 'tile', 64)}w{getattr(cache, 'warps', 4)}"
-                                 if backend == "triton" else "reference")
+    if variant is None and backend == "triton":
+        tile, warps = (cache.tile, cache.warps) if hasattr(cache, "tile") else default_layout(
+            cache.head_dim, cache.group_size)
+        variant = f"t{tile}w{warps}"
+    record.variant = variant or "reference"
     out = poisoned_like(q)
     result = decode_attention(q, cache, seq_lens=seq_lens, sm_scale=sm_scale, backend=backend,
                               num_splits=num_splits, out=out)
