@@ -224,9 +224,14 @@ def test_exact_ties_round_half_to_even_in_both_backends(record, device, backend)
     g, d = 32, 64
     ties = torch.tensor([-0.875, -0.625, -0.375, -0.125, 0.125, 0.375, 0.625, 0.875 - 2**-12])
     cyclic = ties[(torch.arange(g)[:, None] + torch.arange(d)[None, :]) % len(ties)]  # [g, d]
-    # every token row and every channel column holds all eight values, in a shuffled order
-    k = cyclic[torch.randperm(g)][:, torch.randperm(d)].to(torch.float16).reshape(1, 1, g, d).to(device)
-    v = cyclic[torch.randperm(g)][:, torch.randperm(d)].to(torch.float16).reshape(1, 1, g, d).to(device)
+
+    def shuffled() -> torch.Tensor:
+        # rows in any order, channels shuffled within each group of G: every K group (a channel
+        # over G tokens) and every V group (G channels of a token) still holds all eight values
+        cols = torch.cat([j * g + torch.randperm(g) for j in range(d // g)])
+        return cyclic[torch.randperm(g)][:, cols].to(torch.float16).reshape(1, 1, g, d).to(device)
+
+    k, v = shuffled(), shuffled()
     ref = quantize(k, v, 3, g, "torch")
     got = quantize(k, v, 3, g, backend)
     assert bool((ref.k_scale == 0.25).all()) and bool((ref.v_scale == 0.25).all())
