@@ -113,6 +113,8 @@ class RecordingPlugin:
         self.run_id = f"{self.leg}@{self.run_dir.name}"
         self.writer = RecordWriter(self.run_dir / RECORDS_FILE)
         self.pending: dict[str, dict] = {}
+        self.bench_total = 0  # known when this process collects (serial runs); 0: unknown
+        self.progress = None
         self.started: dict[str, float] = {}
         self.counts: dict[str, int] = {}
         self.manifest = {
@@ -127,6 +129,22 @@ class RecordingPlugin:
             "counts": {},
         }
         write_json_atomic(self.run_dir / MANIFEST_FILE, self.manifest)
+
+    # -- benchmark progress: one line per timed case as it lands ------------------------
+    def pytest_collection_finish(self, session) -> None:
+        self.bench_total = sum(1 for item in session.items if item.get_closest_marker("bench"))
+
+    def _progress_line(self, record: Record) -> None:
+        ms = record.metrics.get("ms")
+        if not isinstance(ms, (int, float)) or isinstance(ms, bool):
+            return
+        if self.progress is None:
+            from .progress import BenchProgress
+
+            self.progress = BenchProgress(self.bench_total, label="bench", config=self.config)
+        pct = record.metrics.get("pct_of_peak")
+        note = f"{pct:.1f}% of copy" if isinstance(pct, (int, float)) else record.outcome
+        self.progress.report(f"{record.suite}::{record.case}", ms, note)
 
     # -- a file that cannot be collected (import error) is an error record too ---------
     def pytest_collectreport(self, report) -> None:
@@ -216,6 +234,7 @@ class RecordingPlugin:
         self.writer.write(record)
         self.counts[outcome] = self.counts.get(outcome, 0) + 1
         self.manifest["counts"] = dict(self.counts)
+        self._progress_line(record)
 
     # -- end of run ------------------------------------------------------------------
     def pytest_sessionfinish(self, session, exitstatus) -> None:

@@ -53,7 +53,7 @@ class BenchProgress:
         self.done += 1
         width = len(str(self.total))
         figure = "failed" if ms is None else f"{ms:.4g} ms"
-        head = f"[{self.done:>{width}}/{self.total}]"
+        head = f"[{self.done:>{width}}/{self.total}]" if self.total else f"[{self.done}]"
         if self.label:
             head += f" {self.label}:"
         line = f"{head} {name} ... {figure}" + (f"  ({note})" if note else "")

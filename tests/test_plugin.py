@@ -130,3 +130,21 @@ def test_dies():
     assert sorted(r.metrics["states_checked"] for r in fine.values()) == [1, 2, 3, 4, 5, 6]
     assert all(r.worker and r.worker.startswith("gw") for r in fine.values())
     assert _manifest(run_dir)["complete"] is True
+
+
+def test_benchmark_cases_print_a_progress_line_as_they_land(pytester, tmp_path):
+    pytester.makeini("[pytest]\nmarkers =\n    bench: a benchmark\n")
+    pytester.makepyfile(test_bench_inner='''
+import pytest
+
+pytestmark = pytest.mark.bench
+
+@pytest.mark.parametrize("shape", ["small", "large"])
+def test_timed(record, shape):
+    record.add(ms=1.25 if shape == "small" else 2.5, pct_of_peak=40.0)
+''')
+    result = pytester.runpytest("-p", "harness.plugin", "--results-dir", str(tmp_path / "run"), "-p", "no:cacheprovider")
+    result.assert_outcomes(passed=2)
+    output = result.stdout.str() + result.stderr.str()
+    assert "[1/2] bench: bench_inner::test_timed[small] ... 1.25 ms  (40.0% of copy)" in output
+    assert "[2/2] bench: bench_inner::test_timed[large] ... 2.5 ms  (40.0% of copy)" in output
