@@ -14,6 +14,8 @@ architecture list (default: the current device's, e.g. ``9.0``).
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import hashlib
 import os
 import threading
@@ -77,32 +79,40 @@ def load_extension(
     with _lock:
         if name in _cache:
             return _cache[name]
-        from torch.utils.cpp_extension import load_inline
-
         if is_cuda and "TORCH_CUDA_ARCH_LIST" not in os.environ:
             arch = os.environ.get("KVH_CUDA_ARCH")
             if not arch:
                 major, minor = torch.cuda.get_device_capability()
                 arch = f"{major}.{minor}"
             os.environ["TORCH_CUDA_ARCH_LIST"] = arch
-        module = load_inline(
-            name=name,
-            cpp_sources=[declarations],
-            cuda_sources=[source] if is_cuda else None,
-            functions=functions,
-            extra_cflags=cflags,
-            extra_cuda_cflags=cuda_flags or None,
-            extra_ldflags=extra_ldflags,
-            build_directory=str(build_dir_for(name)),
-            verbose=verbose,
-        ) if is_cuda else load_inline(
-            name=name,
-            cpp_sources=[declarations + "\n" + source],
-            functions=functions,
-            extra_cflags=cflags,
-            extra_ldflags=extra_ldflags,
-            build_directory=str(build_dir_for(name)),
-            verbose=verbose,
-        )
+        build_dir = build_dir_for(name)
+        with _exclusive(build_dir):
+            module = _build(name, declarations, source, functions, cflags, cuda_flags, extra_ldflags,
+                            build_dir, is_cuda, verbose)
         _cache[name] = module
         return module
+
+
+@contextlib.contextmanager
+def _exclusive(build_dir: Path):
+    """Hold an OS file lock on ``build_dir`` (released when its process dies, unlike torch's
+    own ``lock`` file); while held, a ``lock`` file left by a killed build is stale: removed."""
+    with open(build_dir / ".kvh-build.flock", "w") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            (build_dir / "lock").unlink(missing_ok=True)
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+def _build(name, declarations, source, functions, cflags, cuda_flags, extra_ldflags, build_dir, is_cuda,
+           verbose):
+    from torch.utils.cpp_extension import load_inline
+
+    common = {"name": name, "functions": functions, "extra_cflags": cflags, "extra_ldflags": extra_ldflags,
+              "build_directory": str(build_dir), "verbose": verbose}
+    if is_cuda:
+        return load_inline(cpp_sources=[declarations], cuda_sources=[source],
+                           extra_cuda_cflags=cuda_flags or None, **common)
+    return load_inline(cpp_sources=[declarations + "\n" + source], **common)
