@@ -32,7 +32,6 @@ import datetime as _dt
 import os
 import queue
 import shutil
-import signal
 import subprocess
 import sys
 import tempfile
@@ -51,6 +50,7 @@ from .records import (
     utc_now,
     write_json_atomic,
 )
+from .subproc import run_killable
 
 ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_TIMEOUT_S = 600
@@ -497,19 +497,10 @@ def child_env(copy: Path, environ=os.environ) -> dict:
 def run_selection(copy: Path, select: Sequence[str], k: str | None, timeout_s: float, scratch: Path) -> RunOutput:
     """Run pytest on ``select`` in ``copy``; its records go to a fresh ``scratch`` directory."""
     shutil.rmtree(scratch, ignore_errors=True)
-    start = time.perf_counter()
-    proc = subprocess.Popen(pytest_argv(select, k, scratch), cwd=copy, env=child_env(copy),
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
-    try:
-        out, _ = proc.communicate(timeout=timeout_s)
-        rc: int | None = proc.returncode
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        out, _ = proc.communicate()
-        rc = None
-    seconds = time.perf_counter() - start
+    rc, out, seconds = run_killable(pytest_argv(select, k, scratch), env=child_env(copy), cwd=copy,
+                                    timeout_s=timeout_s)
     records = read_records(scratch / RECORDS_FILE).records if (scratch / RECORDS_FILE).exists() else []
-    return RunOutput(rc, seconds, records, out.decode(errors="replace")[-3000:])
+    return RunOutput(rc, seconds, records, out[-3000:])
 
 
 def _last_line(text: str) -> str:

@@ -28,15 +28,13 @@ import glob
 import os
 import re
 import shutil
-import signal
-import subprocess
 import sys
-import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 from .records import Record, utc_now
+from .subproc import run_killable
 
 ROOT = Path(__file__).resolve().parent.parent
 TOOLS = ("memcheck", "racecheck", "initcheck")
@@ -281,17 +279,7 @@ Runner = Callable[[list[str], dict, float], tuple[int | None, str, float]]
 
 def run_command(cmd: list[str], env: dict, timeout_s: float) -> tuple[int | None, str, float]:
     """(exit code or None at the timeout, stdout+stderr, seconds); the process group is killed at the timeout."""
-    start = time.perf_counter()
-    proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            start_new_session=True)
-    try:
-        out, _ = proc.communicate(timeout=timeout_s)
-        rc: int | None = proc.returncode
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        out, _ = proc.communicate()
-        rc = None
-    return rc, out.decode(errors="replace"), time.perf_counter() - start
+    return run_killable(cmd, env=env, cwd=ROOT, timeout_s=timeout_s)
 
 
 def run_checks(tools: Sequence[str], kernels: Sequence[str], *, sanitizer: str, timeout_s: float = DEFAULT_TIMEOUT_S,
