@@ -234,6 +234,18 @@ def run_dir(kind: str, leg: str, suffix: str = "", *, reports_dir: str = REPORTS
     return f"{reports_dir}/{RUNS_SUBDIR}/{kind}-{leg}{suffix}"
 
 
+MAX_WORKERS_PER_GPU = 8
+
+
+def default_workers_per_gpu(gpu_count: int, cpu_count: int | None) -> int:
+    """Workers per GPU when none is asked for: the host's cores shared out, two per worker
+    (a worker also runs CPU references and builds), at most MAX_WORKERS_PER_GPU; one GPU and
+    few cores still get one worker."""
+    if gpu_count < 1:
+        raise ValueError(f"gpu_count must be >= 1, got {gpu_count}")
+    return max(1, min(MAX_WORKERS_PER_GPU, (cpu_count or 1) // (2 * gpu_count)))
+
+
 def plan(
     kind: str,
     *,

@@ -157,7 +157,9 @@ def build_parser() -> argparse.ArgumentParser:
                         help="version-leg name (default: from the installed torch/triton and the device)")
     parser.add_argument("--reports-dir", default=commands.REPORTS_DIR)
     parser.add_argument("--baseline", default=None, help="baseline JSON for the report's regression table")
-    parser.add_argument("--workers-per-gpu", type=int, default=1)
+    parser.add_argument("--workers-per-gpu", type=int, default=None,
+                        help="pytest-xdist workers pinned to each GPU (default: the host's cores / 2 "
+                             f"shared over the GPUs, at most {commands.MAX_WORKERS_PER_GPU})")
     parser.add_argument("--no-bench", action="store_true", help="skip the benchmarks on a GPU")
     parser.add_argument("--timeout", type=int, default=commands.DEFAULT_TIMEOUT_S,
                         help="per-test timeout in seconds when pytest-timeout is installed (0: none)")
@@ -199,8 +201,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         _say(f"{args.kind}: Triton interpreter on CPU; torch {info['torch']}, triton {info['triton']}; leg {leg}")
 
     has_timeout = importlib.util.find_spec("pytest_timeout") is not None
+    workers_per_gpu = args.workers_per_gpu
+    if workers_per_gpu is None:
+        workers_per_gpu = commands.default_workers_per_gpu(len(gpus), os.cpu_count()) if gpus else 1
+    if gpus and args.kind != "bench":
+        _say(f"{args.kind}: {workers_per_gpu} pytest-xdist worker(s) pinned to each GPU")
     steps = commands.plan(args.kind, python=python, leg=leg, gpus=gpus, reports_dir=args.reports_dir,
-                          workers_per_gpu=args.workers_per_gpu, bench=not args.no_bench,
+                          workers_per_gpu=workers_per_gpu, bench=not args.no_bench,
                           timeout=(args.timeout or None) if has_timeout else None, extra=pytest_extra)
     failed = True  # until every step has run: an interrupted pipeline never reports success
     try:

@@ -141,6 +141,18 @@ def test_plan_gpu_verify_spreads_suites_over_gpus_then_benchmarks_serially():
     assert "KVH_GPUS" not in bench.env and bench.env["TRITON_INTERPRET"] == "0"
 
 
+@pytest.mark.parametrize(("gpus", "cpus", "expected"), [
+    (1, 16, 8), (2, 32, 8), (1, 2, 1), (1, 1, 1), (4, 16, 2), (1, 64, 8), (2, None, 1),
+])
+def test_default_workers_per_gpu_shares_the_cores(gpus, cpus, expected):
+    assert commands.default_workers_per_gpu(gpus, cpus) == expected
+
+
+def test_default_workers_per_gpu_needs_a_gpu():
+    with pytest.raises(ValueError, match="gpu_count"):
+        commands.default_workers_per_gpu(0, 16)
+
+
 def test_plan_one_gpu_still_uses_one_isolated_worker_and_workers_per_gpu_multiplies():
     (suites, _) = commands.plan("gpu_verify", python=PY, leg="L", gpus=["0"])
     assert suites.argv[suites.argv.index("-n") + 1] == "1"

@@ -13,15 +13,37 @@ def test_extension_name_follows_the_source_and_flags():
     assert a.startswith("kvh_pack3_")
 
 
-def test_build_dirs_are_per_worker_and_device_set(tmp_path, monkeypatch):
+def test_build_dirs_are_per_device_set_and_shared_by_workers(tmp_path, monkeypatch):
     monkeypatch.setenv("KVH_EXT_DIR", str(tmp_path))
     monkeypatch.setenv("PYTEST_XDIST_WORKER", "gw3")
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "1")
     first = loader.build_dir_for("ext")
     monkeypatch.setenv("PYTEST_XDIST_WORKER", "gw4")
-    second = loader.build_dir_for("ext")
-    assert first != second and first.is_dir() and second.is_dir()
-    assert first.parent == second.parent == tmp_path / "ext"
+    assert loader.build_dir_for("ext") == first  # same GPU: one build, taken in turns under the lock
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0,1")
+    other = loader.build_dir_for("ext")
+    assert other != first and first.is_dir() and other.is_dir()
+    assert first.parent == other.parent == tmp_path / "ext"
+
+
+def test_the_build_lock_serializes_processes(tmp_path):
+    """A second process waits on the lock while the first holds it (what a build in progress does)."""
+    import subprocess
+    import sys
+    import time
+
+    holder = (
+        "import sys, time; from pathlib import Path; from kernels.cuda import loader\n"
+        "with loader._exclusive(Path(sys.argv[1])):\n"
+        "    print('held', flush=True); time.sleep(1.0)\n"
+    )
+    first = subprocess.Popen([sys.executable, "-c", holder, str(tmp_path)], stdout=subprocess.PIPE, text=True)
+    assert first.stdout.readline().strip() == "held"
+    start = time.perf_counter()
+    with loader._exclusive(tmp_path):
+        waited = time.perf_counter() - start
+    first.wait(timeout=30)
+    assert waited > 0.5
 
 
 def test_a_lock_left_by_a_killed_build_does_not_block_the_next(tmp_path):

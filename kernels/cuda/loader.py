@@ -3,9 +3,11 @@
 ``load_extension("pack3", functions=[...], declarations=...)`` reads
 ``kernels/cuda/pack3.cu``, names the extension after a hash of the source, the
 flags and the torch version (so an edited source never reuses a stale build),
-and builds it in a directory of its own per pytest-xdist worker (and per
-``CUDA_VISIBLE_DEVICES`` choice), so parallel workers never race on one build.
-Built modules are cached per process.
+and builds it in a directory per ``CUDA_VISIBLE_DEVICES`` choice (each pinned
+GPU worker of ``harness.gpu_workers`` also gets a build root of its own). Processes
+that share a directory (several pytest-xdist workers on one GPU) take turns under
+an OS file lock: the first builds, the others load what it built. Built modules
+are cached per process.
 
 Environment: ``KVH_EXT_DIR`` moves the build root (default
 ``~/.cache/kvbits/torch_extensions``); ``KVH_CUDA_ARCH`` overrides the target
@@ -44,10 +46,11 @@ def extension_name(stem: str, source: str, flags: list[str]) -> str:
 
 
 def build_dir_for(name: str) -> Path:
+    """The build directory of extension ``name`` for this process's device set; processes that
+    share it are serialized by :func:`_exclusive`."""
     root = Path(os.environ.get("KVH_EXT_DIR", Path.home() / ".cache" / "kvbits" / "torch_extensions"))
-    worker = os.environ.get("PYTEST_XDIST_WORKER", "main")
     devices = os.environ.get("CUDA_VISIBLE_DEVICES", "all").replace(",", "_") or "none"
-    path = root / name / f"{worker}-dev{devices}"
+    path = root / name / f"dev{devices}"
     path.mkdir(parents=True, exist_ok=True)
     return path
 
