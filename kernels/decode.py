@@ -330,6 +330,29 @@ def _store_lse(mid_lse_ptr, b, heads, split, stride_ml_b, stride_ml_h, m, l, kee
 
 
 @triton.jit
+def _tile_step(
+    m, l_acc, acc0, acc1, zacc0, zacc1, page, off, ks, kz, vs0, vz0, vs1, vz1,
+    q32, lo_row, tile, t_end, b, h, code_len, magic, kw_ptr, stride_kw_p, stride_kw_h, stride_kw_t,
+    ks_ptr, kz_ptr, stride_ks_p, stride_ks_h, stride_ks_g, vw_ptr, stride_vw_p, stride_vw_h, stride_vw_t,
+    vs_ptr, vz_ptr, stride_vs_p, stride_vs_h, stride_vs_t, bt_ptr, stride_bt_b, page_size,
+    HALF: tl.constexpr, D: tl.constexpr, G: tl.constexpr, BITS: tl.constexpr, BLOCK_T: tl.constexpr,
+    WARPS: tl.constexpr,
+):
+    """One step of a split's tile loop: fetch the next tile's page and scales, attend this tile
+    (whose page and scales the previous step fetched). Returns the softmax state, then the
+    next tile's parameters."""
+    nxt = _tile_params(
+        b, h, tile + 1, tile + 1 < t_end, code_len, ks_ptr, kz_ptr, stride_ks_p, stride_ks_h, stride_ks_g,
+        vs_ptr, vz_ptr, stride_vs_p, stride_vs_h, stride_vs_t, bt_ptr, stride_bt_b, page_size, D, G, BLOCK_T)
+    m, l_acc, acc0, acc1, zacc0, zacc1 = _code_tile(
+        m, l_acc, acc0, acc1, zacc0, zacc1, q32, lo_row, tile, code_len, magic,
+        page, off, ks, kz, vs0, vz0, vs1, vz1, h, kw_ptr, stride_kw_p, stride_kw_h, stride_kw_t,
+        vw_ptr, stride_vw_p, stride_vw_h, stride_vw_t, HALF, D, G, BITS, BLOCK_T, WARPS)
+    page, off, ks, kz, vs0, vz0, vs1, vz1 = nxt
+    return m, l_acc, acc0, acc1, zacc0, zacc1, page, off, ks, kz, vs0, vz0, vs1, vz1
+
+
+@triton.jit
 def _code_partial(
     q_ptr, stride_qb, stride_qh, kw_ptr, stride_kw_p, stride_kw_h, stride_kw_t,
     ks_ptr, kz_ptr, stride_ks_p, stride_ks_h, stride_ks_g, vw_ptr, stride_vw_p, stride_vw_h, stride_vw_t,
@@ -363,25 +386,21 @@ def _code_partial(
     if INTERPRET:  # the interpreter cannot run range() over run-time bounds
         tile = t_begin
         while tile < t_end:
-            nxt = _tile_params(
-                b, h, tile + 1, tile + 1 < t_end, code_len, ks_ptr, kz_ptr, stride_ks_p, stride_ks_h, stride_ks_g,
-                vs_ptr, vz_ptr, stride_vs_p, stride_vs_h, stride_vs_t, bt_ptr, stride_bt_b, page_size, D, G, BLOCK_T)
-            m, l_acc, acc0, acc1, zacc0, zacc1 = _code_tile(
-                m, l_acc, acc0, acc1, zacc0, zacc1, q32, rows >= HALF, tile, code_len, magic,
-                page, off, ks, kz, vs0, vz0, vs1, vz1, h, kw_ptr, stride_kw_p, stride_kw_h, stride_kw_t,
-                vw_ptr, stride_vw_p, stride_vw_h, stride_vw_t, HALF, D, G, BITS, BLOCK_T, WARPS)
-            page, off, ks, kz, vs0, vz0, vs1, vz1 = nxt
+            m, l_acc, acc0, acc1, zacc0, zacc1, page, off, ks, kz, vs0, vz0, vs1, vz1 = _tile_step(
+                m, l_acc, acc0, acc1, zacc0, zacc1, page, off, ks, kz, vs0, vz0, vs1, vz1,
+                q32, rows >= HALF, tile, t_end, b, h, code_len, magic, kw_ptr, stride_kw_p, stride_kw_h,
+                stride_kw_t, ks_ptr, kz_ptr, stride_ks_p, stride_ks_h, stride_ks_g, vw_ptr, stride_vw_p,
+                stride_vw_h, stride_vw_t, vs_ptr, vz_ptr, stride_vs_p, stride_vs_h, stride_vs_t, bt_ptr,
+                stride_bt_b, page_size, HALF, D, G, BITS, BLOCK_T, WARPS)
             tile += 1
-    else:
+    else:  # a for loop: the compiler software-pipelines its loads (NUM_STAGES)
         for tile in range(t_begin, t_end):
-            nxt = _tile_params(
-                b, h, tile + 1, tile + 1 < t_end, code_len, ks_ptr, kz_ptr, stride_ks_p, stride_ks_h, stride_ks_g,
-                vs_ptr, vz_ptr, stride_vs_p, stride_vs_h, stride_vs_t, bt_ptr, stride_bt_b, page_size, D, G, BLOCK_T)
-            m, l_acc, acc0, acc1, zacc0, zacc1 = _code_tile(
-                m, l_acc, acc0, acc1, zacc0, zacc1, q32, rows >= HALF, tile, code_len, magic,
-                page, off, ks, kz, vs0, vz0, vs1, vz1, h, kw_ptr, stride_kw_p, stride_kw_h, stride_kw_t,
-                vw_ptr, stride_vw_p, stride_vw_h, stride_vw_t, HALF, D, G, BITS, BLOCK_T, WARPS)
-            page, off, ks, kz, vs0, vz0, vs1, vz1 = nxt
+            m, l_acc, acc0, acc1, zacc0, zacc1, page, off, ks, kz, vs0, vz0, vs1, vz1 = _tile_step(
+                m, l_acc, acc0, acc1, zacc0, zacc1, page, off, ks, kz, vs0, vz0, vs1, vz1,
+                q32, rows >= HALF, tile, t_end, b, h, code_len, magic, kw_ptr, stride_kw_p, stride_kw_h,
+                stride_kw_t, ks_ptr, kz_ptr, stride_ks_p, stride_ks_h, stride_ks_g, vw_ptr, stride_vw_p,
+                stride_vw_h, stride_vw_t, vs_ptr, vz_ptr, stride_vs_p, stride_vs_h, stride_vs_t, bt_ptr,
+                stride_bt_b, page_size, HALF, D, G, BITS, BLOCK_T, WARPS)
     l = tl.sum(l_acc, 1)
     inv = 1.0 / tl.where(l > 0.0, l, 1.0)
     heads = tl.arange(0, HALF)
