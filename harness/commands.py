@@ -217,6 +217,7 @@ def report_command(
 # -- what a pipeline runs --------------------------------------------------------------------------
 
 KINDS = ("tests", "verify", "gpu_verify", "bench")
+HEADLINE_BENCH = "bench and not sweep"  # the benchmark cases gpu_verify and verify time
 
 
 @dataclass
@@ -263,8 +264,9 @@ def plan(
     - ``tests``: ``tests/`` and ``suites/`` in the Triton interpreter, no benchmarks, ``-n auto``.
     - ``verify``: with GPUs as ``gpu_verify``; without, ``suites/`` in the interpreter.
     - ``gpu_verify``: ``suites/`` over every GPU (one xdist worker per GPU times
-      ``workers_per_gpu``, each pinned), then the benchmarks serially.
-    - ``bench``: the benchmarks alone, serially, on whatever device there is.
+      ``workers_per_gpu``, each pinned), then the headline benchmark cases serially (cases
+      marked ``sweep`` are left to ``bench``).
+    - ``bench``: every benchmark case (the sweep too), serially, on whatever device there is.
     ``gpus`` lists the device ids to use (entries of ``CUDA_VISIBLE_DEVICES``), empty for none.
     """
     if kind not in KINDS:
@@ -291,7 +293,9 @@ def plan(
         steps.append(Step("suites", argv, suite_env, results_dir=out))
     if kind == "bench" or (on_gpu and bench):
         out = run_dir(kind, leg, "" if kind == "bench" else "-bench", reports_dir=reports_dir)
-        argv = pytest_command(python, ["suites"], marker="bench", results_dir=out, leg=leg,
+        # gpu_verify times the headline cases; the bench session the whole sweep
+        marker = "bench" if kind == "bench" else HEADLINE_BENCH
+        argv = pytest_command(python, ["suites"], marker=marker, results_dir=out, leg=leg,
                               timeout=timeout, extra=extra)
         # after the suites, no benchmark collected is no failure; alone, it checked nothing
         steps.append(Step("benchmarks", argv, env, ok=(0,) if kind == "bench" else (0, 5), results_dir=out))

@@ -305,7 +305,22 @@ def _worker_id_of(report) -> str | None:
     return getattr(gateway, "id", None)
 
 
+def worker_cpu_threads(environ=os.environ, cpu_count: int | None = None) -> int | None:
+    """CPU threads for torch in one pytest-xdist worker: the host's cores shared over the workers
+    (each torch process would otherwise start one thread per core, and N workers would run N
+    times too many). None outside xdist or when OMP_NUM_THREADS already decides."""
+    workers = environ.get("PYTEST_XDIST_WORKER_COUNT")
+    if not workers or not environ.get("PYTEST_XDIST_WORKER") or environ.get("OMP_NUM_THREADS"):
+        return None
+    return max(1, (cpu_count or os.cpu_count() or 1) // max(1, int(workers)))
+
+
 def pytest_configure(config) -> None:
     if _is_worker(config):
+        threads = worker_cpu_threads()
+        if threads is not None:
+            import torch
+
+            torch.set_num_threads(threads)
         return
     config.pluginmanager.register(RecordingPlugin(config), "kvh-recording")

@@ -134,7 +134,7 @@ def test_plan_gpu_verify_spreads_suites_over_gpus_then_benchmarks_serially():
                            "-n", "2", "--dist", "worksteal", "--timeout=600", "--timeout-method=thread"]
     assert suites.env["KVH_GPUS"] == "2,3" and suites.env["TRITON_INTERPRET"] == "0"
     assert "CUDA_VISIBLE_DEVICES" not in suites.env
-    assert bench.argv == [PY, "-m", "pytest", "suites", "-m", "bench",
+    assert bench.argv == [PY, "-m", "pytest", "suites", "-m", "bench and not sweep",
                           "--results-dir", "reports/runs/gpu_verify-gpu-L-bench", "--leg", "gpu-L",
                           "--timeout=600"]
     assert bench.ok == (0, 5) and suites.ok == (0,)

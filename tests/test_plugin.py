@@ -148,3 +148,34 @@ def test_timed(record, shape):
     output = result.stdout.str() + result.stderr.str()
     assert "[1/2] bench: bench_inner::test_timed[small] ... 1.25 ms  (40.0% of copy)" in output
     assert "[2/2] bench: bench_inner::test_timed[large] ... 2.5 ms  (40.0% of copy)" in output
+
+
+@pytest.mark.parametrize(("environ", "cpus", "expected"), [
+    ({"PYTEST_XDIST_WORKER": "gw0", "PYTEST_XDIST_WORKER_COUNT": "8"}, 16, 2),
+    ({"PYTEST_XDIST_WORKER": "gw3", "PYTEST_XDIST_WORKER_COUNT": "16"}, 32, 2),
+    ({"PYTEST_XDIST_WORKER": "gw0", "PYTEST_XDIST_WORKER_COUNT": "4"}, 2, 1),
+    ({"PYTEST_XDIST_WORKER": "gw0", "PYTEST_XDIST_WORKER_COUNT": "2", "OMP_NUM_THREADS": "3"}, 16, None),
+    ({}, 16, None),
+])
+def test_worker_cpu_threads_share_the_cores(environ, cpus, expected):
+    from harness.plugin import worker_cpu_threads
+
+    assert worker_cpu_threads(environ, cpus) == expected
+
+
+def test_xdist_workers_share_the_cores(pytester, monkeypatch):
+    pytest.importorskip("xdist")
+    monkeypatch.setenv("PYTHONPATH", str(ROOT))
+    monkeypatch.setenv("PYTEST_DISABLE_PLUGIN_AUTOLOAD", "1")
+    monkeypatch.delenv("PYTEST_ADDOPTS", raising=False)
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    pytester.makepyfile(test_threads='''
+import os, torch
+def test_threads():
+    count = int(os.environ["PYTEST_XDIST_WORKER_COUNT"])
+    assert torch.get_num_threads() == max(1, (os.cpu_count() or 1) // count)
+''')
+    result = pytester.runpytest_subprocess("-p", "xdist.plugin", "-n", "2", "-p", "harness.plugin",
+                                           "--results-dir", str(pytester.path / "run"), "-p", "no:cacheprovider",
+                                           timeout=120)
+    result.assert_outcomes(passed=1)
