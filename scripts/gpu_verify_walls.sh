@@ -1,19 +1,20 @@
 #!/usr/bin/env bash
 # Wall times of `nox -s gpu_verify --no-venv` on this GPU box: the suites cold (fresh CUDA
-# extension and Triton caches) over every GPU, then warm on GPU 0 alone and warm over every GPU,
-# then the benchmarks (`nox -s bench --no-venv`), each report kept. Prints a table last.
+# extension and Triton caches) over every GPU, the suites warm over every GPU, then the whole
+# gpu_verify (suites, headline benchmarks, report) warm on GPU 0 alone; each report kept, a
+# table printed last. The suites step of the last run against the second gives the spread.
 #
-#   bash scripts/gpu_verify_walls.sh [BENCH_LIMIT_S]
+#   bash scripts/gpu_verify_walls.sh [FULL_LIMIT_S]
 #
-# BENCH_LIMIT_S (default 100) caps the benchmark step; its records land as each case ends, so a
-# capped step still leaves every finished case. Results: $OUT (else reports/walls)/walls.tgz with
-# each run's reports directory, and walls.md with the table. Needs nox importable (`python3 -m nox`).
+# FULL_LIMIT_S (default 250) caps the last run; records land as each case ends, so a capped
+# run still leaves every finished case. Results: $OUT (else reports/walls)/walls.tgz with each
+# run's reports directory, the logs, and walls.md with the table. Needs `python3 -m nox`.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 export PYTHONUNBUFFERED=1
 out="${OUT:-reports/walls}"
 mkdir -p "$out"
-bench_limit="${1:-100}"
+full_limit="${1:-250}"
 work="$(mktemp -d)"
 export KVH_EXT_DIR="$work/ext" TRITON_CACHE_DIR="$work/triton"
 all_gpus="$(nvidia-smi --query-gpu=index --format=csv,noheader | paste -sd, -)"
@@ -32,20 +33,21 @@ run() {  # run NAME GPUS LIMIT SESSION [args]
   wall=$(python3 -c "print(f'{$end - $start:.1f}')")
   local counts
   counts=$(grep -hoE "[0-9]+ (passed|failed|skipped|error)" "$out/$name.log" | tail -4 | paste -sd' ' -)
-  rows+=("| $name | $gpus | $session | $rc | $wall | $counts |")
+  local steps
+  steps=$(grep -E "^      (suites|benchmarks|report) " "$out/$name.log" | awk '{print $1 " " $(NF-1) " s"}' | paste -sd, -)
+  rows+=("| $name | $gpus | $session $* | $rc | $wall | $steps | $counts |")
   echo "[walls] $name: exit $rc after $wall s ($counts)"
 }
 
 nvidia-smi --query-gpu=index,name,driver_version --format=csv,noheader
 python3 -c "import os, torch, triton; print('torch', torch.__version__, 'triton', triton.__version__, 'cpus', os.cpu_count())"
 run suites-cold-all "$all_gpus" 200 gpu_verify --no-bench
-run suites-warm-gpu0 0 150 gpu_verify --no-bench
-run suites-warm-all "$all_gpus" 120 gpu_verify --no-bench
-run bench-gpu0 0 "$bench_limit" bench
+run suites-warm-all "$all_gpus" 130 gpu_verify --no-bench
+run full-warm-gpu0 0 "$full_limit" gpu_verify
 
 {
-  echo "| run | CUDA_VISIBLE_DEVICES | session | exit | wall s | pytest |"
-  echo "| --- | --- | --- | --- | --- | --- |"
+  echo "| run | CUDA_VISIBLE_DEVICES | session | exit | wall s | steps | pytest |"
+  echo "| --- | --- | --- | --- | --- | --- | --- |"
   printf '%s\n' "${rows[@]}"
 } >"$out/walls.md"
 tar czf "$out/walls.tgz" -C "$work" --exclude ext --exclude triton .
