@@ -8,6 +8,7 @@ import torch
 import kernels
 from kernels._runtime import triton_interpreted
 from kernels.kv_cache import QuantizedKV
+from suites.common import triton_skip_reason
 
 FIELDS = ("k_codes", "k_scale", "k_zero", "v_codes", "v_scale", "v_zero", "k_residual", "v_residual", "seq_lens")
 ON_GPU = torch.cuda.is_available() and not triton_interpreted()
@@ -17,14 +18,13 @@ def device_backends() -> list:
     """(device, backend) pairs that can run here: torch on CPU always, Triton interpreted
     on CPU or compiled on a GPU, both backends on a GPU."""
     pairs = [pytest.param("cpu", "torch", id="cpu-torch")]
-    if triton_interpreted():
+    if triton_skip_reason("cpu") is None:
         pairs.append(pytest.param("cpu", "triton", id="cpu-triton"))
     if torch.cuda.is_available():
         pairs.append(pytest.param("cuda", "torch", id="cuda-torch"))
-        pairs.append(pytest.param(
-            "cuda", "triton", id="cuda-triton",
-            marks=pytest.mark.skipif(not ON_GPU, reason="compiled Triton needs TRITON_INTERPRET unset"),
-        ))
+        reason = triton_skip_reason("cuda")
+        pairs.append(pytest.param("cuda", "triton", id="cuda-triton",
+                                  marks=pytest.mark.skip(reason=reason) if reason else ()))
     return pairs
 
 

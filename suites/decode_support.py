@@ -11,6 +11,7 @@ import kernels
 from kernels.decode import attention_reference, decode_attention, reference_decode
 from kernels.kv_cache import QuantizedKV
 from kernels.paged import default_layout
+from suites.common import triton_skip_reason
 
 FP16_TOL = 2e-3  # kernel error against the float64 reference, fp16 outputs (issue 4)
 BF16_TOL = 1.6e-2  # bf16 outputs: their own rounding is 2^-9 relative
@@ -19,13 +20,9 @@ DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
 
 
 def device_params():
-    """pytest params for every available device. CPU runs Triton in the interpreter, which is on
-    only where no GPU is (or TRITON_INTERPRET=1); on a GPU box the CPU cases are skipped."""
-    from kernels._runtime import triton_interpreted
-
-    skip_cpu = pytest.mark.skip(reason="Triton on CPU tensors needs the interpreter (TRITON_INTERPRET=1); "
-                                       "this run compiles Triton for the GPU")
-    return [pytest.param(d, id=d, marks=() if d == "cuda" or triton_interpreted() else skip_cpu)
+    """pytest params for every available device, each skipped where Triton cannot run on it here
+    (on a GPU box the CPU cases: the interpreter is off there)."""
+    return [pytest.param(d, id=d, marks=pytest.mark.skip(reason=triton_skip_reason(d)) if triton_skip_reason(d) else ())
             for d in DEVICES]
 
 

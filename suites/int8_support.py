@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from kernels import int8
-from kernels._runtime import triton_interpreted
+from suites.common import triton_skip_reason
 
 CUDA = torch.cuda.is_available()
 BACKEND_OF = {"torch": "torch", "cpu_baseline": "cpp", "triton": "triton"}
@@ -25,11 +25,7 @@ GPU_VARIANTS = ("torch", "naive", "tiled", "coarsened", "vectorized", "triton")
 def _skip_reason(device: str, variant: str) -> str | None:
     if device == "cuda" and not CUDA:
         return "needs a CUDA device"
-    if variant == "triton" and device == "cpu" and not triton_interpreted():
-        return "Triton on CPU tensors needs TRITON_INTERPRET=1"
-    if variant == "triton" and device == "cuda" and triton_interpreted():
-        return "compiled Triton needs TRITON_INTERPRET unset or 0"
-    return None
+    return triton_skip_reason(device) if variant == "triton" else None
 
 
 def variant_cases(*, exclude: tuple[str, ...] = ()) -> list:

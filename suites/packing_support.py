@@ -6,17 +6,14 @@ from __future__ import annotations
 import pytest
 import torch
 
-from kernels._runtime import triton_interpreted
 from kernels.packing import CUDA_BITS, geometry
-from suites.common import available_devices
+from suites.common import available_devices, triton_skip_reason
 
 
 def backends_for(device: str, bits: int = 3) -> list[str]:
     """Backends that implement ``bits`` on ``device`` (``bits=0``: those serving every width)."""
-    if device == "cpu":
-        return ["torch", "triton"] if triton_interpreted() else ["torch"]
-    names = ["torch", "triton"]
-    if bits in CUDA_BITS:
+    names = ["torch"] + (["triton"] if triton_skip_reason(device) is None else [])
+    if device == "cuda" and bits in CUDA_BITS:
         names.append("cuda")
     return names
 
