@@ -62,6 +62,13 @@ def tag(record, device: str, variant: str) -> None:
     record.device = device
 
 
+def skip_unless_served(variant: str, D: int) -> None:
+    """Skip a case whose width the variant does not serve: ``vectorized`` needs D % 4 == 0 (its
+    refusal of other widths is tested in test_int8_bad_input)."""
+    if variant == "vectorized" and D % 4:
+        pytest.skip("vectorized needs D % 4 == 0 (its refusal is tested in test_int8_bad_input)")
+
+
 # ----------------------------------------------------------------------------- data (seed: matrix.c)
 def fill_range(
     shape, lo: float, hi: float, *, seed: int, device="cpu", dtype=torch.float32

@@ -20,6 +20,7 @@ from suites.int8_support import (
     max_abs_error,
     query_fill,
     run_variant,
+    skip_unless_served,
     tag,
     variant_cases,
 )
@@ -31,8 +32,7 @@ SHAPES = [(1, 1), (3, 5), (17, 12), (64, 33)]
 @pytest.mark.parametrize("T,D", SHAPES, ids=[f"{t}x{d}" for t, d in SHAPES])
 def test_create_int8(record, device, variant, T, D):
     tag(record, device, variant)
-    if variant == "vectorized" and D % 4:
-        pytest.skip("vectorized needs D % 4 == 0 (tested in test_int8_bad_input)")
+    skip_unless_served(variant, D)
     x = kv_matrix(T, D, seed=T * 1000 + D, device=device)
     q, scales = int8.quantize_per_channel(x, variant=variant)
     assert q.dtype == torch.int8 and tuple(q.shape) == (T, D) and q.device.type == device
@@ -50,8 +50,7 @@ def test_create_int8(record, device, variant, T, D):
 @pytest.mark.parametrize("T,D", SHAPES, ids=[f"{t}x{d}" for t, d in SHAPES])
 def test_create_fp32(record, device, variant, T, D):
     tag(record, device, variant)
-    if variant == "vectorized" and D % 4:
-        pytest.skip("vectorized needs D % 4 == 0 (tested in test_int8_bad_input)")
+    skip_unless_served(variant, D)
     gen = torch.Generator().manual_seed(T + D)
     q = torch.randint(-127, 128, (T, D), generator=gen, dtype=torch.int8).to(device)
     scales = (torch.rand(D, generator=gen) + 0.01).to(device)

@@ -24,6 +24,7 @@ from suites.int8_support import (
     fill_range,
     kv_matrix,
     run_variant,
+    skip_unless_served,
     tag,
     variant_cases,
 )
@@ -37,8 +38,7 @@ SHAPES = [(1, 4), (5, 3), (31, 64), (200, 12), (129, 260), (1000, 1)] + (
 @pytest.mark.parametrize("T,D", SHAPES, ids=[f"{t}x{d}" for t, d in SHAPES])
 def test_gpu_correctness(record, device, variant, T, D):
     tag(record, device, variant)
-    if variant == "vectorized" and D % 4:
-        pytest.skip("vectorized needs D % 4 == 0")
+    skip_unless_served(variant, D)
     x = fill_range((T, D), -4.0, 4.0, seed=T * 31 + D, device=device) * kv_matrix(
         T, D, seed=D, device=device
     )
