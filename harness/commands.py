@@ -25,6 +25,7 @@ import os
 import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 
 CPU_TORCH = "2.13.0"
 PROJECT_EXTRAS = "test,report"
@@ -236,6 +237,15 @@ def run_dir(kind: str, leg: str, suffix: str = "", *, reports_dir: str = REPORTS
 
 
 MAX_WORKERS_PER_GPU = 8
+DEFAULT_EXT_ROOT = Path.home() / ".cache" / "kvbits" / "torch_extensions"
+
+
+def pinned_env(device: str, environ: Mapping[str, str] = os.environ) -> dict[str, str]:
+    """What pins a process to one GPU: ``CUDA_VISIBLE_DEVICES`` (an entry of the outer list) and
+    that GPU's own CUDA extension build root under ``KVH_EXT_DIR``. The suites' workers of the
+    GPU and the benchmarks that follow them on it share these builds."""
+    root = Path(environ.get("KVH_EXT_DIR") or DEFAULT_EXT_ROOT)
+    return {"CUDA_VISIBLE_DEVICES": device, "KVH_EXT_DIR": str(root / f"gpu-{device}")}
 
 
 def default_workers_per_gpu(gpu_count: int, cpu_count: int | None) -> int:
@@ -258,14 +268,15 @@ def plan(
     bench: bool = True,
     timeout: int | None = DEFAULT_TIMEOUT_S,
     extra: Sequence[str] = (),
+    environ: Mapping[str, str] = os.environ,
 ) -> list[Step]:
     """The pytest steps of one pipeline (the report step follows them, see :func:`report_command`).
 
     - ``tests``: ``tests/`` and ``suites/`` in the Triton interpreter, no benchmarks, ``-n auto``.
     - ``verify``: with GPUs as ``gpu_verify``; without, ``suites/`` in the interpreter.
     - ``gpu_verify``: ``suites/`` over every GPU (one xdist worker per GPU times
-      ``workers_per_gpu``, each pinned), then the headline benchmark cases serially (cases
-      marked ``sweep`` are left to ``bench``).
+      ``workers_per_gpu``, each pinned), then the headline benchmark cases serially on the
+      first GPU, with its extension builds (cases marked ``sweep`` are left to ``bench``).
     - ``bench``: every benchmark case (the sweep too), serially, on whatever device there is.
     ``gpus`` lists the device ids to use (entries of ``CUDA_VISIBLE_DEVICES``), empty for none.
     """
@@ -297,8 +308,12 @@ def plan(
         marker = "bench" if kind == "bench" else HEADLINE_BENCH
         argv = pytest_command(python, ["suites"], marker=marker, results_dir=out, leg=leg,
                               timeout=timeout, extra=extra)
+        bench_env = dict(env)
+        if on_gpu and kind != "bench":  # after the suites: on their first GPU, reusing its builds
+            bench_env.update(pinned_env(gpus[0], environ))
         # after the suites, no benchmark collected is no failure; alone, it checked nothing
-        steps.append(Step("benchmarks", argv, env, ok=(0,) if kind == "bench" else (0, 5), results_dir=out))
+        steps.append(Step("benchmarks", argv, bench_env, ok=(0,) if kind == "bench" else (0, 5),
+                          results_dir=out))
     return steps
 
 

@@ -23,15 +23,14 @@ from __future__ import annotations
 import os
 import re
 from collections.abc import MutableMapping, Sequence
-from pathlib import Path
 
 import pytest
 
+from .commands import pinned_env
 from .plugin import PROPERTY
 
 GPUS_VAR = "KVH_GPUS"
 PINNED_VAR = "KVH_WORKER_GPU"
-DEFAULT_EXT_ROOT = Path.home() / ".cache" / "kvbits" / "torch_extensions"
 _WORKER_ID = re.compile(r"^gw(\d+)$")
 
 
@@ -63,9 +62,7 @@ def pin(environ: MutableMapping[str, str]) -> str | None:
     if not worker or not devices:
         return None
     device = device_for_worker(worker, devices)
-    root = Path(environ.get("KVH_EXT_DIR") or DEFAULT_EXT_ROOT)
-    environ["CUDA_VISIBLE_DEVICES"] = device
-    environ["KVH_EXT_DIR"] = str(root / f"gpu-{device}")
+    environ.update(pinned_env(device, environ))
     environ[PINNED_VAR] = device
     return device
 

@@ -141,6 +141,20 @@ def test_plan_gpu_verify_spreads_suites_over_gpus_then_benchmarks_serially():
     assert "KVH_GPUS" not in bench.env and bench.env["TRITON_INTERPRET"] == "0"
 
 
+def test_plan_gpu_verify_benchmarks_run_on_the_first_gpu_with_its_builds(tmp_path):
+    """The benchmarks reuse the CUDA extensions that the suites' workers of that GPU built."""
+    environ = {"KVH_EXT_DIR": str(tmp_path)}
+    _, bench = commands.plan("gpu_verify", python=PY, leg="L", gpus=["3", "5"], environ=environ)
+    assert bench.env["CUDA_VISIBLE_DEVICES"] == "3"
+    assert bench.env["KVH_EXT_DIR"] == str(tmp_path / "gpu-3")
+    worker = {"PYTEST_XDIST_WORKER": "gw0", "KVH_GPUS": "3,5", **environ}
+    assert gpu_workers.pin(worker) == "3"
+    assert worker["KVH_EXT_DIR"] == bench.env["KVH_EXT_DIR"]
+    assert worker["CUDA_VISIBLE_DEVICES"] == bench.env["CUDA_VISIBLE_DEVICES"]
+    (alone,) = commands.plan("bench", python=PY, leg="L", gpus=["3"], environ=environ)
+    assert "CUDA_VISIBLE_DEVICES" not in alone.env and "KVH_EXT_DIR" not in alone.env
+
+
 @pytest.mark.parametrize(("gpus", "cpus", "expected"), [
     (1, 16, 8), (2, 32, 8), (1, 2, 1), (1, 1, 1), (4, 16, 2), (1, 64, 8), (2, None, 1),
 ])
@@ -335,7 +349,7 @@ def test_pin_changes_only_workers(tmp_path):
 
     default_root = {"PYTEST_XDIST_WORKER": "gw0", "KVH_GPUS": "GPU-x"}
     gpu_workers.pin(default_root)
-    assert default_root["KVH_EXT_DIR"] == str(gpu_workers.DEFAULT_EXT_ROOT / "gpu-GPU-x")
+    assert default_root["KVH_EXT_DIR"] == str(commands.DEFAULT_EXT_ROOT / "gpu-GPU-x")
 
 
 _INNER_CONFTEST = '''
