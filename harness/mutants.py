@@ -42,14 +42,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from .records import (
-    MANIFEST_FILE,
     RECORDS_FILE,
     Record,
-    RecordWriter,
     read_records,
     utc_now,
-    write_json_atomic,
 )
+from .streamed_run import StreamedRun, write_run
 from .subproc import run_killable
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -585,21 +583,28 @@ def gpu_available() -> bool:
 
 def run_mutants(mutants: Sequence[Mutant], *, jobs: int = 1, timeout_s: float = DEFAULT_TIMEOUT_S,
                 gpu: bool | None = None, check_clean: bool = True, root: Path = ROOT,
-                progress=print) -> list[Result]:
-    """Run each mutant against its selection in copies of ``root``; results in catalogue order."""
+                progress=print, on_result=None) -> list[Result]:
+    """Run each mutant against its selection in copies of ``root``; results in catalogue order.
+    ``on_result(result)`` is called as each result is known (from worker threads), so that a
+    run cut short keeps what it finished."""
+    def known(result: Result) -> Result:
+        if on_result is not None:
+            on_result(result)
+        return result
+
     gpu = gpu_available() if gpu is None else gpu
     results: dict[str, Result] = {}
     runnable = []
     for mutant in mutants:
         problem = next(iter(catalogue_problems([mutant], root)), None)
         if problem:
-            results[mutant.name] = Result(mutant, "error", None, 0.0, problem)
+            results[mutant.name] = known(Result(mutant, "error", None, 0.0, problem))
         elif mutant.gpu_only and not gpu:
-            results[mutant.name] = Result(mutant, "skipped", None, 0.0,
-                                          "needs a GPU (CUDA source or compiled-Triton branch)")
+            results[mutant.name] = known(Result(mutant, "skipped", None, 0.0,
+                                                "needs a GPU (CUDA source or compiled-Triton branch)"))
         elif mutant.interpreter_only and gpu:
-            results[mutant.name] = Result(mutant, "skipped", None, 0.0,
-                                          "a branch only the Triton interpreter takes")
+            results[mutant.name] = known(Result(mutant, "skipped", None, 0.0,
+                                                "a branch only the Triton interpreter takes"))
         else:
             runnable.append(mutant)
     if runnable:
@@ -619,12 +624,12 @@ def run_mutants(mutants: Sequence[Mutant], *, jobs: int = 1, timeout_s: float = 
 
                 def one(mutant: Mutant) -> Result:
                     if mutant.selection in unclean:
-                        return Result(mutant, "error", None, 0.0, unclean[mutant.selection])
+                        return known(Result(mutant, "error", None, 0.0, unclean[mutant.selection]))
                     run, problem = workspace.run(*mutant.selection, timeout_s, mutant)
                     result = Result(mutant, "error", None, 0.0, problem) if problem else judge(mutant, run)
                     progress(f"  {result.status:<8} {mutant.name} ({result.seconds:.1f} s)"
                              + (f" by {result.killed_by}" if result.killed_by else f": {result.detail}"))
-                    return result
+                    return known(result)
 
                 for result in pool.map(one, runnable):
                     results[result.mutant.name] = result
@@ -657,29 +662,6 @@ def table(results: Sequence[Result]) -> str:
     return "\n".join(lines)
 
 
-def write_run(run_dir: Path, records: Sequence[Record], *, kind: str, leg: str | None, args: Sequence[str],
-              started: str, **extra) -> None:
-    """Write ``records`` (stamped with this machine's leg and a run id) and a finished manifest
-    (environment, ``kind``, counts, ``extra``) into ``run_dir``, as ``python -m harness report`` reads them."""
-    from .env import capture
-
-    env = capture(leg)
-    run_dir.mkdir(parents=True, exist_ok=True)
-    run_id = f"{env['leg']}@{run_dir.name}"
-    (run_dir / RECORDS_FILE).unlink(missing_ok=True)  # records append: a reused directory starts clean
-    counts: dict[str, int] = {}
-    with RecordWriter(run_dir / RECORDS_FILE) as writer:
-        for record in records:
-            record.run_id, record.leg = run_id, env["leg"]
-            writer.write(record)
-            counts[record.outcome] = counts.get(record.outcome, 0) + 1
-    write_json_atomic(run_dir / MANIFEST_FILE, {
-        "run_id": run_id, "leg": env["leg"], "mode": env["mode"], "env": env, "kind": kind,
-        "started": started, "finished": utc_now(), "complete": True, "exitstatus": 0,
-        "args": list(args), "counts": counts, **extra,
-    })
-
-
 def result_record(r: Result, gpu: bool) -> Record:
     message = r.detail if r.status != "killed" else (f"killed by {r.killed_by}: {r.detail}" if r.detail else None)
     return Record(
@@ -693,7 +675,7 @@ def result_record(r: Result, gpu: bool) -> Record:
 
 def write_results(results: Sequence[Result], run_dir: Path, *, leg: str | None, args: Sequence[str],
                   started: str, gpu: bool) -> None:
-    """Records (suite ``mutants``) and a manifest in ``run_dir``, readable by the report."""
+    """Records (suite ``mutants``) and a manifest in ``run_dir``, readable by the report, at once."""
     killed, judged = kill_rate(results)
     write_run(run_dir, [result_record(r, gpu) for r in results], kind="mutants", leg=leg, args=args,
               started=started, kill_rate=f"{killed}/{judged}")
@@ -766,12 +748,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     where = "compiled on the GPU" if gpu else "in the Triton interpreter on CPU (gpu-only mutants skipped)"
     print(f"[mutants] {len(mutants)} mutants, {args.jobs} job(s), {where}", flush=True)
     start = time.perf_counter()
+    run = StreamedRun(run_dir, kind="mutants", leg=args.leg, args=sys.argv[1:] if argv is None else list(argv),
+                      started=started)
     results = run_mutants(mutants, jobs=args.jobs, timeout_s=args.timeout, gpu=gpu,
-                          check_clean=not args.no_clean_check, progress=lambda s: print(s, flush=True))
+                          check_clean=not args.no_clean_check, progress=lambda s: print(s, flush=True),
+                          on_result=lambda r: run.add(result_record(r, gpu)))
+    killed, judged = kill_rate(results)
+    run.finish(kill_rate=f"{killed}/{judged}")
     print(table(results), flush=True)
     print(f"[mutants] {time.perf_counter() - start:.0f} s in all", flush=True)
-    write_results(results, run_dir, leg=args.leg, args=sys.argv[1:] if argv is None else list(argv),
-                  started=started, gpu=gpu)
     print(f"records: {run_dir / RECORDS_FILE}", flush=True)
     return 0 if all(r.status in ("killed", "skipped") for r in results) else 1
 

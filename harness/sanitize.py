@@ -34,6 +34,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .records import Record, utc_now
+from .streamed_run import StreamedRun
 from .subproc import run_killable
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -283,9 +284,17 @@ def run_command(cmd: list[str], env: dict, timeout_s: float) -> tuple[int | None
 
 
 def run_checks(tools: Sequence[str], kernels: Sequence[str], *, sanitizer: str, timeout_s: float = DEFAULT_TIMEOUT_S,
-               python: str = sys.executable, runner: Runner = run_command, progress=print) -> list[Check]:
-    """Each kernel's driver once plainly, then under each tool; one Check per (tool, kernel)."""
+               python: str = sys.executable, runner: Runner = run_command, progress=print,
+               on_check=None) -> list[Check]:
+    """Each kernel's driver once plainly, then under each tool; one Check per (tool, kernel).
+    ``on_check(check)`` is called as each check is known, so that a run cut short keeps them."""
     checks = []
+
+    def known(check: Check) -> None:
+        checks.append(check)
+        if on_check is not None:
+            on_check(check)
+
     env = sanitizer_env()
     for kernel in kernels:
         rc, out, seconds = runner(driver_command(kernel, python), env, timeout_s)
@@ -293,8 +302,8 @@ def run_checks(tools: Sequence[str], kernels: Sequence[str], *, sanitizer: str, 
             tail = " | ".join([line for line in out.strip().splitlines() if line.strip()][-3:])
             why = "timed out" if rc is None else f"exit {rc}"
             for tool in tools:
-                checks.append(Check(tool, kernel, "error", None, 0, 0.0,
-                                    f"the driver fails without the sanitizer ({why}): {tail}"[:500]))
+                known(Check(tool, kernel, "error", None, 0, 0.0,
+                            f"the driver fails without the sanitizer ({why}): {tail}"[:500]))
             progress(f"  {kernel}: driver FAILED without the sanitizer ({why}) {tail}")
             continue
         for tool in tools:
@@ -302,7 +311,7 @@ def run_checks(tools: Sequence[str], kernels: Sequence[str], *, sanitizer: str, 
             errors = "?" if check.errors is None else check.errors
             progress(f"  {tool:<9} {kernel:<16} {check.outcome:<7} errors {errors} ({check.seconds:.0f} s)"
                      + (f": {check.detail}" if check.outcome != "passed" and check.detail else ""))
-            checks.append(check)
+            known(check)
     return checks
 
 
@@ -370,17 +379,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     if reason:
         print(f"[sanitize] NOT RUN: {reason}", file=sys.stderr, flush=True)
         return NOT_RUNNABLE_EXIT
-    from .mutants import write_run
-
     started = utc_now()
     stamp = _dt.datetime.now(_dt.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
     run_dir = Path(args.results_dir or ROOT / "reports" / "runs" / f"sanitize-{stamp}")
     print(f"[sanitize] {sanitizer}: {' '.join(args.tools)} over {len(args.kernels)} kernels", flush=True)
+    run = StreamedRun(run_dir, kind="sanitize", leg=args.leg, args=sys.argv[1:] if argv is None else list(argv),
+                      started=started, sanitizer=sanitizer)
     checks = run_checks(args.tools, args.kernels, sanitizer=sanitizer, timeout_s=args.timeout,
-                        progress=lambda s: print(s, flush=True))
+                        progress=lambda s: print(s, flush=True), on_check=lambda c: run.add(c.record()))
+    run.finish()
     print(table(checks, args.tools), flush=True)
-    write_run(run_dir, [c.record() for c in checks], kind="sanitize", leg=args.leg,
-              args=sys.argv[1:] if argv is None else list(argv), started=started, sanitizer=sanitizer)
     print(f"records: {run_dir / 'records.jsonl'}", flush=True)
     return 0 if all(c.outcome == "passed" for c in checks) else 1
 

@@ -96,8 +96,10 @@ def test_clean_runs_that_cannot_judge_mutants(run, problem):
 def test_device_bound_mutants_are_skipped_where_their_code_does_not_run():
     gpu_only = next(m for m in mutants.CATALOGUE if m.gpu_only)
     interpreted = next(m for m in mutants.CATALOGUE if m.interpreter_only)
-    on_cpu = mutants.run_mutants([gpu_only], gpu=False, progress=lambda s: None)
-    on_gpu = mutants.run_mutants([interpreted], gpu=True, progress=lambda s: None)
+    seen = []  # each result is handed on as it is known (the runner streams it into the run directory)
+    on_cpu = mutants.run_mutants([gpu_only], gpu=False, progress=lambda s: None, on_result=seen.append)
+    on_gpu = mutants.run_mutants([interpreted], gpu=True, progress=lambda s: None, on_result=seen.append)
+    assert seen == [on_cpu[0], on_gpu[0]]
     assert (on_cpu[0].status, on_gpu[0].status) == ("skipped", "skipped")
     assert "needs a GPU" in on_cpu[0].detail and "interpreter" in on_gpu[0].detail
     assert on_cpu[0].outcome == "skipped"
@@ -165,7 +167,10 @@ def test_a_selection_failing_on_clean_sources_makes_its_mutants_errors(tmp_path)
     stale = dataclasses.replace(mutants.CATALOGUE[0], name="stale-selection",
                                 select=("suites/test_golden.py::test_no_such_test",))
     missing = dataclasses.replace(mutants.CATALOGUE[0], name="missing-snippet", original="no such code ()")
-    results = mutants.run_mutants([stale, missing], jobs=1, timeout_s=120, gpu=False, progress=lambda s: None)
+    seen = []
+    results = mutants.run_mutants([stale, missing], jobs=1, timeout_s=120, gpu=False, progress=lambda s: None,
+                                  on_result=seen.append)
     assert [r.status for r in results] == ["error", "error"]
+    assert sorted(r.mutant.name for r in seen) == ["missing-snippet", "stale-selection"]
     assert "no longer occurs" in results[1].detail
     assert results[0].killed_by is None

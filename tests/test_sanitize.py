@@ -153,7 +153,7 @@ def test_run_checks_records_and_report(tmp_path):
     text = sanitize.table(checks, ["memcheck", "racecheck"])
     assert "1 errors" in text and "ERROR" in text and "3/6 checks clean" in text
 
-    from harness.mutants import write_run
+    from harness.streamed_run import write_run
 
     run_dir = tmp_path / "sanitize"
     write_run(run_dir, [c.record() for c in checks], kind="sanitize", leg="leg-s", args=[], started="t0")
@@ -181,3 +181,29 @@ def test_missing_sanitizer_is_named(monkeypatch):
     reason = sanitize.unavailable_reason(None)
     assert "compute-sanitizer not found" in reason and "COMPUTE_SANITIZER" in reason
     assert sanitize.unavailable_reason(sys.executable) is None
+
+
+def test_a_run_cut_short_keeps_every_finished_check(tmp_path):
+    """Each check lands in the run directory as it ends: a run killed midway (a command limit)
+    leaves those records and a manifest the report shows as incomplete."""
+    from harness.streamed_run import StreamedRun
+
+    calls: list = []
+    inner = _fake_runner({}, calls)
+
+    def runner(cmd, env, timeout_s):
+        if "--tool" in cmd and cmd[-1] == "decode-triton":
+            raise KeyboardInterrupt  # what the command limit's SIGINT does mid-run
+        return inner(cmd, env, timeout_s)
+
+    run_dir = tmp_path / "cut"
+    run = StreamedRun(run_dir, kind="sanitize", leg="leg-s", args=[])
+    with pytest.raises(KeyboardInterrupt):
+        sanitize.run_checks(["memcheck", "initcheck"], ["packing-cuda", "decode-triton"], sanitizer="/opt/cs",
+                            runner=runner, progress=lambda s: None, on_check=lambda c: run.add(c.record()))
+    records = {r.case: r.outcome for r in read_records(run_dir / RECORDS_FILE).records}
+    assert records == {"memcheck:packing-cuda": "passed", "initcheck:packing-cuda": "passed"}
+    html = tmp_path / "report.html"
+    assert report_main(["report", str(run_dir), "-o", str(html)]) == 0
+    page = html.read_text(encoding="utf-8")
+    assert "incomplete run" in page and "initcheck:packing-cuda" in page
