@@ -51,3 +51,16 @@ def test_a_lock_left_by_a_killed_build_does_not_block_the_next(tmp_path):
     stale.write_text("")
     with loader._exclusive(tmp_path):
         assert not stale.exists()
+
+
+def test_source_text_builds_are_named_after_their_stem(monkeypatch):
+    """Experiments (scripts/) hand the loader CUDA text instead of a file; without a CUDA device
+    the refusal names the experiment."""
+    import pytest
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("checks the refusal on a machine without a GPU")
+    with pytest.raises(RuntimeError, match=r"sweep_experiment \(source text\) needs a CUDA device"):
+        loader.load_extension("sweep_experiment", functions=["f"], declarations="void f();",
+                              source_text="void f() {}")

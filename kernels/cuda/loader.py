@@ -65,17 +65,25 @@ def load_extension(
     extra_cuda_cflags: list[str] | None = None,
     extra_ldflags: list[str] | None = None,
     verbose: bool = False,
+    source_text: str | None = None,
 ):
     """Build (or reuse) the extension for ``kernels/cuda/<stem>.cu|.cpp``.
 
     ``declarations`` are the C++ prototypes of ``functions`` (what pybind binds);
     the source defines them. ``.cu`` sources need a CUDA build of torch and a GPU.
+    ``source_text``: build this CUDA source instead of a file (experiments, e.g. the
+    launch-shape sweeps under ``scripts/``), named ``stem``.
     """
-    path = source_path(stem)
-    source = path.read_text()
-    is_cuda = path.suffix == ".cu" if cuda is None else cuda
+    if source_text is None:
+        path = source_path(stem)
+        source = path.read_text()
+        is_cuda = path.suffix == ".cu" if cuda is None else cuda
+    else:
+        source = source_text
+        is_cuda = True if cuda is None else cuda
+    name_of = f"kernels/cuda/{stem}" if source_text is None else f"{stem} (source text)"
     if is_cuda and not torch.cuda.is_available():
-        raise RuntimeError(f"kernels/cuda/{path.name} needs a CUDA device and a CUDA build of torch")
+        raise RuntimeError(f"{name_of} needs a CUDA device and a CUDA build of torch")
     cflags = ["-O3", *(extra_cflags or [])]
     cuda_flags = ["-O3", "--use_fast_math", "-lineinfo", *(extra_cuda_cflags or [])] if is_cuda else []
     name = extension_name(stem, declarations + source, cflags + cuda_flags + (extra_ldflags or []))
