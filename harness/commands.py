@@ -203,15 +203,19 @@ def pytest_command(
 
 
 def report_command(
-    python: str, run_dirs: Sequence[str], *, reports_dir: str = REPORTS_DIR, baseline: str | None = None
+    python: str, run_dirs: Sequence[str], *, reports_dir: str = REPORTS_DIR, baseline: str | None = None,
+    steps: str | None = None,
 ) -> list[str]:
-    """``python -m harness report`` over ``run_dirs`` into ``reports_dir``."""
+    """``python -m harness report`` over ``run_dirs`` into ``reports_dir`` (``steps``: the
+    pipeline's steps file, shown in the report)."""
     cmd = [python, "-m", "harness", "report", *run_dirs,
            "-o", f"{reports_dir}/report.html",
            "--junit", f"{reports_dir}/junit.xml",
            "--summary-md", f"{reports_dir}/summary.md"]
     if baseline:
         cmd += ["--baseline", baseline]
+    if steps:
+        cmd += ["--steps", steps]
     return cmd
 
 

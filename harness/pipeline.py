@@ -125,7 +125,7 @@ def _run(name: str, argv: Sequence[str], env: dict, timings: list[dict], ok: Seq
 
 
 def render(run_dirs: Sequence[str], reports_dir: str, baseline: str | None, timings: list[dict],
-           python: str = sys.executable) -> int:
+           python: str = sys.executable, steps: str | None = None) -> int:
     """Render the report; ``--summary-md`` appends, so the previous summary goes first."""
     Path(reports_dir).mkdir(parents=True, exist_ok=True)
     summary = Path(reports_dir) / "summary.md"
@@ -136,7 +136,7 @@ def render(run_dirs: Sequence[str], reports_dir: str, baseline: str | None, timi
         timings.append({"step": "report", "rc": 1, "ok": False, "seconds": 0.0, "argv": []})
         return 1
     return _run("report", commands.report_command(python, run_dirs, reports_dir=reports_dir,
-                                                  baseline=baseline), {}, timings)
+                                                  baseline=baseline, steps=steps), {}, timings)
 
 
 def _print_table(timings: list[dict], wall: float) -> None:
@@ -223,16 +223,23 @@ def main(argv: Sequence[str] | None = None) -> int:
         failed = True
         raise
     finally:
+        steps_file = Path(args.reports_dir) / f"{args.kind}-steps.json"
+
+        def write_steps() -> float:
+            wall = time.perf_counter() - start
+            record = {"kind": args.kind, "leg": leg, "gpus": gpus, "gpu_names": info["names"],
+                      "torch": info["torch"], "triton": info["triton"], "wall_s": round(wall, 2),
+                      "steps": timings, "failed": failed}
+            steps_file.parent.mkdir(parents=True, exist_ok=True)
+            steps_file.write_text(json.dumps(record, indent=2) + "\n", encoding="utf-8")
+            return wall
+
+        write_steps()  # the steps so far go into the report; the report step itself is added after
         baseline = pick_baseline(args.baseline, leg, gpu=bool(gpus))
         failed |= render(family_run_dirs(args.kind, args.reports_dir), args.reports_dir, baseline,
-                         timings, python) != 0
-        wall = time.perf_counter() - start
+                         timings, python, steps=str(steps_file)) != 0
+        wall = write_steps()
         _print_table(timings, wall)
-        record = {"kind": args.kind, "leg": leg, "gpus": gpus, "gpu_names": info["names"],
-                  "torch": info["torch"], "triton": info["triton"], "wall_s": round(wall, 2),
-                  "steps": timings, "failed": failed}
-        steps_file = Path(args.reports_dir) / f"{args.kind}-steps.json"
-        steps_file.write_text(json.dumps(record, indent=2) + "\n", encoding="utf-8")
     _say(f"{args.kind}: {'FAILED' if failed else 'passed'} in {wall:.1f} s; report {args.reports_dir}/report.html")
     return 1 if failed else 0
 

@@ -447,3 +447,20 @@ def test_pipeline_passes_unknown_arguments_to_pytest_in_order():
         ["gpu_verify", "-k", "pack and not slow", "--workers-per-gpu", "2", "-x", "--no-bench"])
     assert (args.kind, args.workers_per_gpu, args.no_bench) == ("gpu_verify", 2, True)
     assert extra == ["-k", "pack and not slow", "-x"]
+
+
+def test_pipeline_end_to_end_writes_steps_and_a_report_that_shows_them(tmp_path):
+    """The tests pipeline on one selected case: its records, the report with the pipeline's steps
+    and wall time, and the steps file, with exit code 0."""
+    reports = tmp_path / "reports"
+    proc = subprocess.run(
+        [sys.executable, "-m", "harness.pipeline", "tests", "--reports-dir", str(reports),
+         "-k", "test_extension_name_follows_the_source_and_flags", "-p", "no:cacheprovider"],
+        cwd=ROOT, capture_output=True, text=True, timeout=600,
+    )
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    steps = json.loads((reports / "tests-steps.json").read_text())
+    assert [s["step"] for s in steps["steps"]] == ["suites", "report"] and not steps["failed"]
+    assert steps["wall_s"] > 0
+    html = (reports / "report.html").read_text(encoding="utf-8")
+    assert "pipeline <b>tests</b>" in html and "suites " in html and "1</b>passed" in html

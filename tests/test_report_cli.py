@@ -75,3 +75,29 @@ def test_module_entry_point(tmp_path):
                           capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr
     assert done.stdout.startswith("kv harness: PASSED  (1 leg(s), 1 cases")
+
+
+def test_pipeline_steps_and_wall_time_go_into_the_report(tmp_path):
+    run_dir = _passing_run(tmp_path)
+    steps = tmp_path / "gpu_verify-steps.json"
+    steps.write_text(json.dumps({"kind": "gpu_verify", "wall_s": 226.44, "gpus": ["0", "1"], "steps": [
+        {"step": "suites", "rc": 0, "ok": True, "seconds": 26.93, "argv": []},
+        {"step": "benchmarks", "rc": 1, "ok": False, "seconds": 190.2, "argv": []}]}))
+    out = tmp_path / "page.html"
+    assert main(["report", str(run_dir), "-o", str(out), "--steps", str(steps)]) == 0
+    html = out.read_text(encoding="utf-8")
+    assert "pipeline <b>gpu_verify</b>" in html and "suites 26.9 s" in html
+    assert "benchmarks 190.2 s (exit 1)" in html and "wall time <b>226.4 s</b> on 2 GPUs" in html
+    markdown = out.with_suffix(".md").read_text(encoding="utf-8")
+    assert "pipeline gpu\\_verify: suites 26.9 s · benchmarks 190.2 s (exit 1) · wall time **226.4 s**" in markdown
+
+
+@pytest.mark.parametrize("content", [None, "{not json", json.dumps({"steps": "nope"}), json.dumps([1, 2])])
+def test_a_missing_or_broken_steps_file_never_stops_the_report(tmp_path, content):
+    run_dir = _passing_run(tmp_path)
+    steps = tmp_path / "steps.json"
+    if content is not None:
+        steps.write_text(content)
+    out = tmp_path / "page.html"
+    assert main(["report", str(run_dir), "-o", str(out), "--steps", str(steps)]) == 0
+    assert 'id="pipeline"' not in out.read_text(encoding="utf-8")

@@ -13,7 +13,7 @@ from .baseline import (
     read_baseline,
     write_baseline,
 )
-from .load import load_results
+from .load import load_results, read_steps
 from .summary import summarize
 from .text import markdown_summary, text_summary
 
@@ -46,6 +46,8 @@ def build_parser() -> argparse.ArgumentParser:
                              "default: write it as <output stem>.md beside the page")
     report.add_argument("--write-baseline", metavar="PATH", help="also write these results as a baseline JSON")
     report.add_argument("--title", default="kv harness report", help="page title")
+    report.add_argument("--steps", metavar="JSON",
+                        help="a pipeline's steps file (<kind>-steps.json): its steps and wall time go in the report")
     summ = sub.add_parser("summarize", help="print the one-screen text summary (and optionally Markdown)")
     _common(summ)
     summ.add_argument("--markdown", action="store_true", help="print the Markdown summary instead")
@@ -75,6 +77,8 @@ def main(argv: list[str] | None = None) -> int:
         comparison = compare(results, baseline, source=Path(args.baseline).name,
                              threshold_pct=args.threshold, error_factor=args.error_factor)
     summary = summarize(results, comparison)
+    if getattr(args, "steps", None):
+        summary.pipeline = read_steps(args.steps)
 
     if args.command == "summarize":
         sys.stdout.write(markdown_summary(summary) if args.markdown else text_summary(summary))

@@ -210,3 +210,24 @@ def load_results(paths: list[str | os.PathLike]) -> ResultSet:
     runs = list(merged.values())
     _label_runs(runs)
     return ResultSet(runs, problems)
+
+
+def read_steps(path: str | os.PathLike) -> dict | None:
+    """A pipeline's steps file (``<kind>-steps.json``: kind, wall_s, steps), or None when it is
+    missing or unreadable (the report is then rendered without it, never refused)."""
+    import json
+
+    try:
+        data = json.loads(Path(path).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    if not isinstance(data, dict) or not isinstance(data.get("steps"), list):
+        return None
+    steps = [s for s in data["steps"] if isinstance(s, dict) and "step" in s]
+    try:
+        wall = float(data.get("wall_s") or 0.0)
+    except (TypeError, ValueError):
+        wall = 0.0
+    return {"kind": str(data.get("kind", "?")), "wall_s": wall, "gpus": list(data.get("gpus") or []),
+            "steps": [{"step": str(s["step"]), "rc": s.get("rc"), "ok": bool(s.get("ok")),
+                       "seconds": float(s.get("seconds") or 0.0)} for s in steps]}

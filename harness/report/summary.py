@@ -152,6 +152,7 @@ class Summary:
     stats: Stats
     run_stats: list[Stats]
     comparison: object | None = None  # baseline.Comparison
+    pipeline: dict | None = None  # the pipeline's steps file: kind, wall_s, steps [{step, rc, ok, seconds}]
 
     @property
     def runs(self) -> list[Run]:
