@@ -241,6 +241,15 @@ def run_dir(kind: str, leg: str, suffix: str = "", *, reports_dir: str = REPORTS
 
 
 MAX_WORKERS_PER_GPU = 8
+
+
+def usable_cpus() -> int:
+    """Cores this process may run on (its CPU affinity, e.g. under taskset or a container's
+    cpuset), not the host's count."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
 DEFAULT_EXT_ROOT = Path.home() / ".cache" / "kvbits" / "torch_extensions"
 
 

@@ -7,7 +7,8 @@ UUIDs, comma-separated). Worker ``gwN`` takes entry ``N mod len(KVH_GPUS)``:
 - ``CUDA_VISIBLE_DEVICES`` becomes that one entry, so the worker sees its GPU as
   ``cuda:0`` and nothing else;
 - ``KVH_EXT_DIR`` (the CUDA extension build root of ``kernels/cuda/loader.py``)
-  becomes a directory of that GPU's own, so parallel workers never share a build;
+  becomes a directory of that GPU's own; the workers of one GPU take turns there
+  under the loader's file lock (one builds, the others load);
 - every record the worker writes carries ``metrics["gpu"]``, the entry it ran on.
 
 CUDA reads ``CUDA_VISIBLE_DEVICES`` once, when it initializes, and the root

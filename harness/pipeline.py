@@ -203,7 +203,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     has_timeout = importlib.util.find_spec("pytest_timeout") is not None
     workers_per_gpu = args.workers_per_gpu
     if workers_per_gpu is None:
-        workers_per_gpu = commands.default_workers_per_gpu(len(gpus), os.cpu_count()) if gpus else 1
+        workers_per_gpu = commands.default_workers_per_gpu(len(gpus), commands.usable_cpus()) if gpus else 1
     if gpus and args.kind != "bench":
         _say(f"{args.kind}: {workers_per_gpu} pytest-xdist worker(s) pinned to each GPU")
     steps = commands.plan(args.kind, python=python, leg=leg, gpus=gpus, reports_dir=args.reports_dir,

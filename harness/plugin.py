@@ -312,7 +312,9 @@ def worker_cpu_threads(environ=os.environ, cpu_count: int | None = None) -> int 
     workers = environ.get("PYTEST_XDIST_WORKER_COUNT")
     if not workers or not environ.get("PYTEST_XDIST_WORKER") or environ.get("OMP_NUM_THREADS"):
         return None
-    return max(1, (cpu_count or os.cpu_count() or 1) // max(1, int(workers)))
+    from .commands import usable_cpus
+
+    return max(1, (cpu_count or usable_cpus()) // max(1, int(workers)))
 
 
 def pytest_configure(config) -> None:

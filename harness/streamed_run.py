@@ -42,11 +42,15 @@ class StreamedRun:
         write_json_atomic(self.run_dir / MANIFEST_FILE, self.manifest)
 
     def add(self, record: Record) -> None:
-        """Stamp ``record`` with this run's id and leg and append it now."""
+        """Stamp ``record`` with this run's id and leg and append it now (the manifest's counts
+        follow, as the pytest plugin's do)."""
         with self._lock:
+            if self.manifest["complete"]:
+                raise RuntimeError(f"run {self.run_id} is finished; no record can be added")
             record.run_id, record.leg = self.run_id, self.leg
             self._writer.write(record)
             self.counts[record.outcome] = self.counts.get(record.outcome, 0) + 1
+            self._write_manifest()
 
     def finish(self, exitstatus: int = 0, **extra) -> None:
         """Mark the run complete (with ``extra`` manifest fields) and close the records file."""

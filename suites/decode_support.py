@@ -22,8 +22,8 @@ DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
 def device_params():
     """pytest params for every available device, each skipped where Triton cannot run on it here
     (on a GPU box the CPU cases: the interpreter is off there)."""
-    return [pytest.param(d, id=d, marks=pytest.mark.skip(reason=triton_skip_reason(d)) if triton_skip_reason(d) else ())
-            for d in DEVICES]
+    reasons = {d: triton_skip_reason(d) for d in DEVICES}
+    return [pytest.param(d, id=d, marks=pytest.mark.skip(reason=reasons[d]) if reasons[d] else ()) for d in DEVICES]
 
 
 def generator(seed: int, device: str) -> torch.Generator:

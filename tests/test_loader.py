@@ -64,3 +64,24 @@ def test_source_text_builds_are_named_after_their_stem(monkeypatch):
     with pytest.raises(RuntimeError, match=r"sweep_experiment \(source text\) needs a CUDA device"):
         loader.load_extension("sweep_experiment", functions=["f"], declarations="void f();",
                               source_text="void f() {}")
+
+
+def test_a_killed_builds_compiler_processes_are_waited_out(tmp_path):
+    """A process still working in the build directory (the ninja of a killed worker) holds the
+    next build back; once it ends, the stale lock goes and the build proceeds."""
+    import subprocess
+    import time
+
+    assert loader.processes_working_in(tmp_path) == []
+    orphan = subprocess.Popen(["sleep", "1.5"], cwd=tmp_path)
+    try:
+        assert orphan.pid in loader.processes_working_in(tmp_path)
+        (tmp_path / "lock").write_text("")
+        start = time.perf_counter()
+        with loader._exclusive(tmp_path, wait_s=30):
+            waited = time.perf_counter() - start
+            assert not (tmp_path / "lock").exists()
+        assert waited > 0.5 and orphan.poll() is not None
+    finally:
+        orphan.kill()
+        orphan.wait()

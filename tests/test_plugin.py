@@ -173,7 +173,7 @@ def test_xdist_workers_share_the_cores(pytester, monkeypatch):
 import os, torch
 def test_threads():
     count = int(os.environ["PYTEST_XDIST_WORKER_COUNT"])
-    assert torch.get_num_threads() == max(1, (os.cpu_count() or 1) // count)
+    assert torch.get_num_threads() == max(1, len(os.sched_getaffinity(0)) // count)
 ''')
     result = pytester.runpytest_subprocess("-p", "xdist.plugin", "-n", "2", "-p", "harness.plugin",
                                            "--results-dir", str(pytester.path / "run"), "-p", "no:cacheprovider",

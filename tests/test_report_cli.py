@@ -101,3 +101,15 @@ def test_a_missing_or_broken_steps_file_never_stops_the_report(tmp_path, content
     out = tmp_path / "page.html"
     assert main(["report", str(run_dir), "-o", str(out), "--steps", str(steps)]) == 0
     assert 'id="pipeline"' not in out.read_text(encoding="utf-8")
+
+
+def test_odd_fields_of_a_steps_file_are_defaulted_not_fatal(tmp_path):
+    run_dir = _passing_run(tmp_path)
+    steps = tmp_path / "steps.json"
+    steps.write_text(json.dumps({"kind": "verify", "wall_s": "soon", "gpus": "0,1", "steps": [
+        {"step": "suites", "rc": "x", "ok": "yes", "seconds": "x"}, "junk", {"no": "step"}]}))
+    out = tmp_path / "page.html"
+    assert main(["report", str(run_dir), "-o", str(out), "--steps", str(steps)]) == 0
+    html = out.read_text(encoding="utf-8")
+    assert "pipeline <b>verify</b>" in html and "suites 0.0 s (exit None)" in html and "GPU" not in html.split(
+        'id="pipeline"')[1].split("</div>")[0]

@@ -212,9 +212,17 @@ def load_results(paths: list[str | os.PathLike]) -> ResultSet:
     return ResultSet(runs, problems)
 
 
+def _number(value, default=None):
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        return default
+
+
 def read_steps(path: str | os.PathLike) -> dict | None:
-    """A pipeline's steps file (``<kind>-steps.json``: kind, wall_s, steps), or None when it is
-    missing or unreadable (the report is then rendered without it, never refused)."""
+    """A pipeline's steps file (``<kind>-steps.json``: kind, wall_s, gpus, steps), or None when
+    it is missing or unreadable; odd fields are dropped or defaulted, so the report is then
+    rendered without them, never refused."""
     import json
 
     try:
@@ -223,11 +231,13 @@ def read_steps(path: str | os.PathLike) -> dict | None:
         return None
     if not isinstance(data, dict) or not isinstance(data.get("steps"), list):
         return None
-    steps = [s for s in data["steps"] if isinstance(s, dict) and "step" in s]
-    try:
-        wall = float(data.get("wall_s") or 0.0)
-    except (TypeError, ValueError):
-        wall = 0.0
-    return {"kind": str(data.get("kind", "?")), "wall_s": wall, "gpus": list(data.get("gpus") or []),
-            "steps": [{"step": str(s["step"]), "rc": s.get("rc"), "ok": bool(s.get("ok")),
-                       "seconds": float(s.get("seconds") or 0.0)} for s in steps]}
+    steps = []
+    for step in data["steps"]:
+        if not isinstance(step, dict) or "step" not in step:
+            continue
+        rc = _number(step.get("rc"))
+        steps.append({"step": str(step["step"]), "rc": None if rc is None else int(rc), "ok": step.get("ok") is True,
+                      "seconds": _number(step.get("seconds"), 0.0)})
+    gpus = data.get("gpus")
+    return {"kind": str(data.get("kind", "?")), "wall_s": _number(data.get("wall_s"), 0.0),
+            "gpus": [str(g) for g in gpus] if isinstance(gpus, list) else [], "steps": steps}

@@ -3,11 +3,12 @@
 ``load_extension("pack3", functions=[...], declarations=...)`` reads
 ``kernels/cuda/pack3.cu``, names the extension after a hash of the source, the
 flags and the torch version (so an edited source never reuses a stale build),
-and builds it in a directory per ``CUDA_VISIBLE_DEVICES`` choice (each pinned
-GPU worker of ``harness.gpu_workers`` also gets a build root of its own). Processes
-that share a directory (several pytest-xdist workers on one GPU) take turns under
-an OS file lock: the first builds, the others load what it built. Built modules
-are cached per process.
+and builds it in a directory per ``CUDA_VISIBLE_DEVICES`` choice (``harness.gpu_workers``
+gives each GPU a build root of its own). Processes that share a directory (several
+pytest-xdist workers on one GPU, the benchmarks after them) take turns under an OS file
+lock: the first builds, the others load what it built; a build whose owner was killed
+(a per-test timeout) is waited out before the next one starts. Built modules are cached
+per process.
 
 Environment: ``KVH_EXT_DIR`` moves the build root (default
 ``~/.cache/kvbits/torch_extensions``); ``KVH_CUDA_ARCH`` overrides the target
@@ -21,6 +22,7 @@ import fcntl
 import hashlib
 import os
 import threading
+import time
 from pathlib import Path
 
 import torch
@@ -104,13 +106,42 @@ def load_extension(
         return module
 
 
+ORPHAN_WAIT_S = 600.0  # how long to wait for a killed build's compiler processes to end
+
+
+def processes_working_in(directory: Path, proc: Path = Path("/proc")) -> list[int]:
+    """Pids (other than this process) whose working directory is ``directory``: the ninja and
+    compiler processes of a build whose Python owner was killed (torch runs ninja there). Empty
+    where /proc is not readable."""
+    target = os.path.realpath(directory)
+    found = []
+    try:
+        entries = list(proc.iterdir())
+    except OSError:
+        return found
+    for entry in entries:
+        if not entry.name.isdigit() or int(entry.name) == os.getpid():
+            continue
+        try:
+            if os.path.realpath(entry / "cwd") == target:
+                found.append(int(entry.name))
+        except OSError:
+            continue
+    return found
+
+
 @contextlib.contextmanager
-def _exclusive(build_dir: Path):
+def _exclusive(build_dir: Path, wait_s: float = ORPHAN_WAIT_S):
     """Hold an OS file lock on ``build_dir`` (released when its process dies, unlike torch's
-    own ``lock`` file); while held, a ``lock`` file left by a killed build is stale: removed."""
+    own ``lock`` file). While held, the directory's only possible users are the orphaned
+    ninja/compiler processes of a killed holder: wait for them to end (at most ``wait_s``),
+    then a ``lock`` file left behind is stale: removed."""
     with open(build_dir / ".kvh-build.flock", "w") as handle:
         fcntl.flock(handle, fcntl.LOCK_EX)
         try:
+            deadline = time.monotonic() + wait_s
+            while processes_working_in(build_dir) and time.monotonic() < deadline:
+                time.sleep(0.5)
             (build_dir / "lock").unlink(missing_ok=True)
             yield
         finally:
