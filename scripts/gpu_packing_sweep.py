@@ -28,29 +28,9 @@ import triton  # noqa: E402
 from harness.timing import copy_bandwidth_gbps, median_ms, write_bandwidth_gbps  # noqa: E402
 from kernels import pack_bits, packing, unpack_bits  # noqa: E402
 
+# The experiment is compiled in one unit after the library's pack3.cu, whose lane helpers it uses.
 EXPERIMENT_CU = r"""
-#include <torch/extension.h>
-#include <c10/cuda/CUDAStream.h>
-#include <cstdint>
-
-template <int I>
-__device__ __forceinline__ uint32_t lane_of(uint32_t w0, uint32_t w1, uint32_t w2) {
-    constexpr int kWord = (3 * I) / 32, kShift = (3 * I) % 32;
-    const uint32_t lo = kWord == 0 ? w0 : (kWord == 1 ? w1 : w2);
-    const uint32_t hi = kWord == 0 ? w1 : w2;
-    uint32_t v = lo >> kShift;
-    if constexpr (kShift > 29) v |= hi << (32 - kShift);
-    return v & 0x7u;
-}
-
-template <int I>
-__device__ __forceinline__ void lanes(uint32_t w0, uint32_t w1, uint32_t w2, uint32_t (&out)[8]) {
-    if constexpr (I < 32) {
-        out[I / 4] |= lane_of<I>(w0, w1, w2) << (8 * (I % 4));
-        lanes<I + 1>(w0, w1, w2, out);
-    }
-}
-
+namespace {
 // QUADS consecutive quads per thread (QUADS % 4 == 0: 3 * QUADS words = QUADS / 4 * 3 uint4 loads).
 template <int QUADS>
 __global__ void unpack3_wide(const uint4* __restrict__ packed, uint4* __restrict__ values, int64_t n_units) {
@@ -66,12 +46,14 @@ __global__ void unpack3_wide(const uint4* __restrict__ packed, uint4* __restrict
 #pragma unroll
         for (int q = 0; q < QUADS; ++q) {
             uint32_t out[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-            lanes<0>(w[3 * q], w[3 * q + 1], w[3 * q + 2], out);
+            unpack_lanes<0>(w[3 * q], w[3 * q + 1], w[3 * q + 2], out);
             values[(u * QUADS + q) * 2] = make_uint4(out[0], out[1], out[2], out[3]);
             values[(u * QUADS + q) * 2 + 1] = make_uint4(out[4], out[5], out[6], out[7]);
         }
     }
 }
+
+}  // namespace
 
 torch::Tensor unpack3_sweep(torch::Tensor packed, int64_t quads, int64_t blocks, int64_t threads) {
     const int64_t n_units = packed.numel() / (12 * quads);
@@ -124,10 +106,12 @@ def triton_variants(packed: torch.Tensor, values: torch.Tensor):
 
 def cuda_variants(packed: torch.Tensor):
     from kernels.cuda import load_extension
+    from kernels.cuda.loader import source_path
 
     ext = load_extension("pack3_sweep_experiment", functions=["unpack3_sweep"],
                          declarations="torch::Tensor unpack3_sweep(torch::Tensor packed, int64_t quads, "
-                                      "int64_t blocks, int64_t threads);", source_text=EXPERIMENT_CU)
+                                      "int64_t blocks, int64_t threads);",
+                         source_text=source_path("pack3").read_text() + EXPERIMENT_CU)
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     yield "cuda library unpack", "unpack", lambda: unpack_bits(packed, 3, backend="cuda")
     yield "cuda library pack", "pack", None
