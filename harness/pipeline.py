@@ -76,19 +76,24 @@ def visible_devices(count: int, environ=os.environ) -> list[str]:
     return [str(i) for i in range(count)]
 
 
+STATIC_BASELINE = "static-budget.json"  # machine-code figures per interpreter leg (no timings)
+
+
 def pick_baseline(explicit: str | None, leg: str, *, gpu: bool, root: Path = Path(".")) -> str | None:
     """The baseline to compare against: an explicit path or $KVH_BASELINE; on a GPU run
-    otherwise ``reports/baselines/<leg>.json``, or the only JSON file there."""
+    otherwise ``reports/baselines/<leg>.json``, or the only GPU baseline there; without a GPU
+    ``reports/baselines/static-budget.json`` (the kernels' machine-code figures per leg)."""
     chosen = explicit or os.environ.get("KVH_BASELINE")
     if chosen:
         return chosen
-    if not gpu:
-        return None
     folder = root / commands.REPORTS_DIR / "baselines"
+    if not gpu:
+        static = folder / STATIC_BASELINE
+        return str(static) if static.is_file() else None
     named = folder / f"{leg}.json"
     if named.is_file():
         return str(named)
-    found = sorted(folder.glob("*.json")) if folder.is_dir() else []
+    found = sorted(p for p in folder.glob("*.json") if p.name != STATIC_BASELINE) if folder.is_dir() else []
     return str(found[0]) if len(found) == 1 else None
 
 

@@ -425,6 +425,10 @@ def test_pick_baseline(tmp_path, monkeypatch):
     (folder / "L.json").unlink()
     (folder / "other.json").write_text("{}")
     assert pipeline.pick_baseline(None, "L", gpu=True, root=tmp_path) is None  # ambiguous: none
+    (folder / "other.json").unlink()
+    (folder / pipeline.STATIC_BASELINE).write_text("{}")  # machine-code figures: never a GPU baseline
+    assert pipeline.pick_baseline(None, "L", gpu=True, root=tmp_path) == str(folder / "h200.json")
+    assert pipeline.pick_baseline(None, "L", gpu=False, root=tmp_path) == str(folder / pipeline.STATIC_BASELINE)
     assert pipeline.pick_baseline("x.json", "L", gpu=False, root=tmp_path) == "x.json"
     monkeypatch.setenv("KVH_BASELINE", "env.json")
     assert pipeline.pick_baseline(None, "L", gpu=False, root=tmp_path) == "env.json"

@@ -115,3 +115,37 @@ def test_bad_baseline_files_are_named(tmp_path, text, match):
 def test_case_key_parts():
     assert case_key(rec("affine", "test_a[x]")) == "suites/affine::test_a[x]::-::-"
     assert case_key(rec("affine", "t", backend="cuda", variant="warp", leg="any")) == "suites/affine::t::cuda::warp"
+
+
+def _static(case, **figures):
+    return rec("sass_budget", case, backend="triton", variant=case, metrics=figures)
+
+
+def test_machine_code_figures_compare_per_leg_in_any_environment(tmp_path):
+    """Instructions per element, registers and spills are the same on every machine for one
+    triton release: a CPU run compares them with a baseline written anywhere, leg by leg."""
+    base_runs = [
+        _run(tmp_path, "a", [_static("dec", instructions_per_element=6.0, registers=226, stack_bytes=0)],
+             mode="interpreter", leg="triton3.6"),
+        _run(tmp_path, "b", [_static("dec", instructions_per_element=7.0, registers=230, stack_bytes=0)],
+             mode="gpu", leg="triton3.4"),
+    ]
+    baseline = make_baseline(load_results(base_runs))
+    (entry,) = baseline["cases"].values()
+    assert entry["static"] == {"triton3.6": {"instructions_per_element": 6.0, "registers": 226.0, "stack_bytes": 0.0},
+                               "triton3.4": {"instructions_per_element": 7.0, "registers": 230.0, "stack_bytes": 0.0}}
+    now = load_results([
+        _run(tmp_path, "c", [_static("dec", instructions_per_element=6.9, registers=226, stack_bytes=16)],
+             mode="interpreter", leg="triton3.6"),   # 15% more instructions, spills where none were
+        _run(tmp_path, "d", [_static("dec", instructions_per_element=5.0, registers=230, stack_bytes=0)],
+             mode="interpreter", leg="triton3.4"),   # fewer: an improvement, other environment than its baseline
+        _run(tmp_path, "e", [_static("dec", instructions_per_element=9.0)], mode="interpreter", leg="triton3.9"),
+    ])
+    comparison = compare(now, baseline)
+    grew = {(f.run_label, f.metric): f for f in comparison.regressions}
+    assert set(grew) == {("triton3.6", "instructions_per_element"), ("triton3.6", "stack_bytes")}
+    assert grew[("triton3.6", "instructions_per_element")].kind == "static grew"
+    assert round(grew[("triton3.6", "instructions_per_element")].change_pct) == 15
+    assert grew[("triton3.6", "stack_bytes")].note == "was 0"
+    (better,) = comparison.improvements
+    assert (better.kind, better.run_label, better.metric) == ("static shrank", "triton3.4", "instructions_per_element")

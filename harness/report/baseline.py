@@ -14,7 +14,8 @@ Format (``reports/baselines/<name>.json``)::
           "legs": [str, ...],                 # legs that contributed
           "outcome": "passed" | ...,          # worst outcome over those legs
           "ms": float, "gbps": float, "pct_of_peak": float,       # medians over legs
-          "max_abs_err": float, "max_rel_err": float, "bit_errors": float   # worst over legs
+          "max_abs_err": float, "max_rel_err": float, "bit_errors": float,  # worst over legs
+          "static": {leg: {"instructions_per_element": float, "registers": int, ...}}  # machine code
         }, ...
       }
     }
@@ -46,6 +47,9 @@ VERSION = 1
 DEFAULT_THRESHOLD_PCT = 10.0
 DEFAULT_ERROR_FACTOR = 2.0
 TIMING_METRICS = ("ms", "gbps", "pct_of_peak")
+# Figures of a kernel's machine code (suites/test_sass_budget.py): the same on every machine for
+# one triton release, so compared per leg in any environment, where timings are not.
+STATIC_METRICS = ("instructions_per_element", "loop_instructions", "registers", "stack_bytes")
 # Outcomes from least to most severe: a key's baseline outcome is its worst.
 _SEVERITY = {o: i for i, o in enumerate(("skipped", "passed", "failed", "error", "timeout", "crashed"))}
 assert set(_SEVERITY) == set(OUTCOMES)
@@ -84,6 +88,19 @@ def _entry(records: list[tuple[Run, Record]]) -> dict:
     return entry
 
 
+def _static_figures(pairs) -> dict:
+    """leg -> {static metric: value} over the passed records of every environment."""
+    out: dict[str, dict] = {}
+    for run, record in pairs:
+        if record.outcome != "passed":
+            continue
+        figures = {m: to_float(record.metrics.get(m)) for m in STATIC_METRICS}
+        figures = {m: v for m, v in figures.items() if v is not None and math.isfinite(v)}
+        if figures:
+            out.setdefault(run.leg, figures)
+    return out
+
+
 def make_baseline(results: ResultSet, threshold_pct: float = DEFAULT_THRESHOLD_PCT) -> dict:
     env_weight = Counter()
     for run in results.runs:
@@ -99,6 +116,9 @@ def make_baseline(results: ResultSet, threshold_pct: float = DEFAULT_THRESHOLD_P
     for key in sorted(grouped):
         env = min(grouped[key], key=preference)
         cases[key] = _entry(grouped[key][env])
+        static = _static_figures(pair for pairs in grouped[key].values() for pair in pairs)
+        if static:
+            cases[key]["static"] = static
     return {
         "format": FORMAT,
         "version": VERSION,
@@ -140,7 +160,7 @@ def read_baseline(path: str | os.PathLike) -> dict:
 
 @dataclass
 class Finding:
-    kind: str  # "slower", "faster", "new failure", "error grew"
+    kind: str  # "slower", "faster", "new failure", "error grew", "static grew", "static shrank"
     key: str
     run_label: str
     suite: str
@@ -211,6 +231,29 @@ def _error_findings(key, run, record, entry, factor) -> list[Finding]:
     return out
 
 
+def _static_findings(key, run, record, entry, threshold_pct) -> list[Finding]:
+    """Machine-code figures against the baseline's for the same leg (triton release): more
+    instructions, registers or spill bytes than ``threshold_pct`` allows is a regression."""
+    base_figures = (entry.get("static") or {}).get(run.leg)
+    if not base_figures or record.outcome != "passed":
+        return []
+    out = []
+    for name in STATIC_METRICS:
+        base, cur = to_float(base_figures.get(name)), to_float(record.metrics.get(name))
+        if base is None or cur is None:
+            continue
+        if base == 0:
+            kind = "static grew" if cur > 0 else None
+            change, note = None, "was 0"
+        else:
+            change = (cur / base - 1.0) * 100.0
+            kind = "static grew" if change > threshold_pct else "static shrank" if change < -threshold_pct else None
+            note = "machine code, same triton release"
+        if kind:
+            out.append(_finding(kind, key, run, record, name, base, cur, change, note))
+    return out
+
+
 def compare(
     results: ResultSet,
     baseline: dict,
@@ -247,6 +290,8 @@ def compare(
                     _finding("new failure", key, run, record, "outcome", "passed", record.outcome)
                 )
                 continue
+            for finding in _static_findings(key, run, record, entry, threshold_pct):
+                (comparison.regressions if finding.kind == "static grew" else comparison.improvements).append(finding)
             if record.outcome != "passed" or entry.get("env") != run.environment_key:
                 continue
             timing = _timing_finding(key, run, record, entry, threshold_pct)
@@ -255,7 +300,7 @@ def compare(
             comparison.regressions.extend(_error_findings(key, run, record, entry, error_factor))
     comparison.new_cases = sorted(new)
     comparison.missing_cases = sorted(set(cases) - seen)
-    order = {"new failure": 0, "slower": 1, "error grew": 2}
+    order = {"new failure": 0, "slower": 1, "static grew": 2, "error grew": 3}
     comparison.regressions.sort(key=lambda f: (order[f.kind], -(f.change_pct or math.inf)))
     comparison.improvements.sort(key=lambda f: f.change_pct or 0.0)
     return comparison

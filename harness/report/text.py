@@ -6,6 +6,7 @@ import html
 import shutil
 
 from ..records import OUTCOMES
+from .baseline import STATIC_METRICS
 from .fmt import clean_text, first_line, fmt_count, fmt_duration, fmt_err, fmt_sig, fmt_signed_pct
 from .summary import Summary, suite_name
 
@@ -23,7 +24,7 @@ def _finding_text(finding) -> str:
     impl = "/".join(p for p in (finding.backend, finding.variant) if p)
     if finding.kind == "new failure":
         what = f"passed -> {finding.current}"
-    elif finding.metric in ("ms", "gbps"):
+    elif finding.metric in ("ms", "gbps", *STATIC_METRICS):
         what = f"{fmt_sig(finding.baseline)} -> {fmt_sig(finding.current)} {finding.metric}"
     else:
         what = f"{finding.metric} {fmt_err(finding.baseline)} -> {fmt_err(finding.current)}"
