@@ -121,31 +121,38 @@ def _static(case, **figures):
     return rec("sass_budget", case, backend="triton", variant=case, metrics=figures)
 
 
-def test_machine_code_figures_compare_per_leg_in_any_environment(tmp_path):
+def _static_run(tmp_path, name, mode, triton, **figures):
+    leg = f"{mode}-triton{triton}"
+    return write_run(tmp_path / name, [_static("dec", **figures)], leg=leg,
+                     env=env_for(leg, mode, torch="2.13.0+cpu", triton=triton))
+
+
+def test_machine_code_figures_compare_per_triton_release_in_any_environment(tmp_path):
     """Instructions per element, registers and spills are the same on every machine for one
-    triton release: a CPU run compares them with a baseline written anywhere, leg by leg."""
-    base_runs = [
-        _run(tmp_path, "a", [_static("dec", instructions_per_element=6.0, registers=226, stack_bytes=0)],
-             mode="interpreter", leg="triton3.6"),
-        _run(tmp_path, "b", [_static("dec", instructions_per_element=7.0, registers=230, stack_bytes=0)],
-             mode="gpu", leg="triton3.4"),
-    ]
-    baseline = make_baseline(load_results(base_runs))
+    triton release: a CPU run compares them with a baseline written anywhere, release by release,
+    whatever its leg is called."""
+    baseline = make_baseline(load_results([
+        _static_run(tmp_path, "a", "interpreter", "3.6.0", instructions_per_element=6.0, registers=226, stack_bytes=0),
+        _static_run(tmp_path, "b", "gpu", "3.4.0", instructions_per_element=7.0, registers=230, stack_bytes=0),
+    ]))
     (entry,) = baseline["cases"].values()
-    assert entry["static"] == {"triton3.6": {"instructions_per_element": 6.0, "registers": 226.0, "stack_bytes": 0.0},
-                               "triton3.4": {"instructions_per_element": 7.0, "registers": 230.0, "stack_bytes": 0.0}}
+    assert entry["static"] == {
+        "triton 3.6.0": {"instructions_per_element": 6.0, "registers": 226.0, "stack_bytes": 0.0},
+        "triton 3.4.0": {"instructions_per_element": 7.0, "registers": 230.0, "stack_bytes": 0.0}}
     now = load_results([
-        _run(tmp_path, "c", [_static("dec", instructions_per_element=6.9, registers=226, stack_bytes=16)],
-             mode="interpreter", leg="triton3.6"),   # 15% more instructions, spills where none were
-        _run(tmp_path, "d", [_static("dec", instructions_per_element=5.0, registers=230, stack_bytes=0)],
-             mode="interpreter", leg="triton3.4"),   # fewer: an improvement, other environment than its baseline
-        _run(tmp_path, "e", [_static("dec", instructions_per_element=9.0)], mode="interpreter", leg="triton3.9"),
+        # 15% more instructions, and spills where there were none
+        _static_run(tmp_path, "c", "interp", "3.6.0", instructions_per_element=6.9, registers=226, stack_bytes=16),
+        # fewer instructions: an improvement, in another environment than its baseline figures
+        _static_run(tmp_path, "d", "interpreter", "3.4.0", instructions_per_element=5.0, registers=230, stack_bytes=0),
+        # a release the baseline does not know: nothing to compare
+        _static_run(tmp_path, "e", "interpreter", "3.9.0", instructions_per_element=9.0),
     ])
     comparison = compare(now, baseline)
     grew = {(f.run_label, f.metric): f for f in comparison.regressions}
-    assert set(grew) == {("triton3.6", "instructions_per_element"), ("triton3.6", "stack_bytes")}
-    assert grew[("triton3.6", "instructions_per_element")].kind == "static grew"
-    assert round(grew[("triton3.6", "instructions_per_element")].change_pct) == 15
-    assert grew[("triton3.6", "stack_bytes")].note == "was 0"
+    assert set(grew) == {("interp-triton3.6.0", "instructions_per_element"), ("interp-triton3.6.0", "stack_bytes")}
+    assert grew[("interp-triton3.6.0", "instructions_per_element")].kind == "static grew"
+    assert round(grew[("interp-triton3.6.0", "instructions_per_element")].change_pct) == 15
+    assert grew[("interp-triton3.6.0", "stack_bytes")].note == "was 0"
     (better,) = comparison.improvements
-    assert (better.kind, better.run_label, better.metric) == ("static shrank", "triton3.4", "instructions_per_element")
+    assert (better.kind, better.run_label, better.metric) == (
+        "static shrank", "interpreter-triton3.4.0", "instructions_per_element")

@@ -15,7 +15,7 @@ Format (``reports/baselines/<name>.json``)::
           "outcome": "passed" | ...,          # worst outcome over those legs
           "ms": float, "gbps": float, "pct_of_peak": float,       # medians over legs
           "max_abs_err": float, "max_rel_err": float, "bit_errors": float,  # worst over legs
-          "static": {leg: {"instructions_per_element": float, "registers": int, ...}}  # machine code
+          "static": {"triton X.Y.Z": {"instructions_per_element": float, "registers": int, ...}}
         }, ...
       }
     }
@@ -48,7 +48,7 @@ DEFAULT_THRESHOLD_PCT = 10.0
 DEFAULT_ERROR_FACTOR = 2.0
 TIMING_METRICS = ("ms", "gbps", "pct_of_peak")
 # Figures of a kernel's machine code (suites/test_sass_budget.py): the same on every machine for
-# one triton release, so compared per leg in any environment, where timings are not.
+# one triton release, so compared per triton release in any environment, where timings are not.
 STATIC_METRICS = ("instructions_per_element", "loop_instructions", "registers", "stack_bytes")
 # Outcomes from least to most severe: a key's baseline outcome is its worst.
 _SEVERITY = {o: i for i, o in enumerate(("skipped", "passed", "failed", "error", "timeout", "crashed"))}
@@ -88,8 +88,13 @@ def _entry(records: list[tuple[Run, Record]]) -> dict:
     return entry
 
 
+def codegen_key(run: Run) -> str:
+    """What a kernel's machine code depends on besides its source: the triton release."""
+    return f"triton {run.env.get('triton') or run.leg}"
+
+
 def _static_figures(pairs) -> dict:
-    """leg -> {static metric: value} over the passed records of every environment."""
+    """triton release -> {static metric: value} over the passed records of every environment."""
     out: dict[str, dict] = {}
     for run, record in pairs:
         if record.outcome != "passed":
@@ -97,7 +102,7 @@ def _static_figures(pairs) -> dict:
         figures = {m: to_float(record.metrics.get(m)) for m in STATIC_METRICS}
         figures = {m: v for m, v in figures.items() if v is not None and math.isfinite(v)}
         if figures:
-            out.setdefault(run.leg, figures)
+            out.setdefault(codegen_key(run), figures)
     return out
 
 
@@ -232,9 +237,9 @@ def _error_findings(key, run, record, entry, factor) -> list[Finding]:
 
 
 def _static_findings(key, run, record, entry, threshold_pct) -> list[Finding]:
-    """Machine-code figures against the baseline's for the same leg (triton release): more
+    """Machine-code figures against the baseline's for the same triton release: more
     instructions, registers or spill bytes than ``threshold_pct`` allows is a regression."""
-    base_figures = (entry.get("static") or {}).get(run.leg)
+    base_figures = (entry.get("static") or {}).get(codegen_key(run))
     if not base_figures or record.outcome != "passed":
         return []
     out = []
