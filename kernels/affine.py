@@ -550,6 +550,11 @@ def _aot_configs():
     return configs
 
 
+# Multiples of 16 when K/V are contiguous [B, H, S, 128] and S, capacity and offsets are whole
+# groups: how a launch specializes them, so the AOT build is the kernel that runs.
+_CONTIGUOUS_MULTIPLES = ("src_tokens", "capacity", "tok_offset", "stride_b", "stride_h", "stride_t")
+
+
 def _aot_specs() -> list[AotSpec]:
     specs = []
     for dtype, bits, group_size, scale_dtype in _aot_configs():
@@ -567,7 +572,8 @@ def _aot_specs() -> list[AotSpec]:
                 "SCALE_FP16": scale_dtype == torch.float16, "FLOOR": SCALE_FLOOR[scale_dtype],
                 "INTERPRET": False,
             }
-            specs.append(AotSpec(name, _quantize_kernel, signature, constexprs, _num_warps(group_size, per_channel)))
+            specs.append(AotSpec(name, _quantize_kernel, signature, constexprs, _num_warps(group_size, per_channel),
+                                 divisible_ints=_CONTIGUOUS_MULTIPLES))
     return specs
 
 

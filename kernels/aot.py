@@ -27,6 +27,8 @@ class AotSpec:
     constexprs: dict = field(default_factory=dict)
     num_warps: int = 4
     num_stages: int = 3
+    aligned_pointers: bool = True  # compile as launched with 16-byte aligned tensors
+    divisible_ints: tuple = ()  # int arguments that are multiples of 16 in the launches it stands for
 
 
 def collect_specs(modules=KERNEL_MODULES) -> tuple[list[AotSpec], list[str]]:
@@ -54,7 +56,12 @@ def compile_spec(spec: AotSpec, arch: int):
     signature = dict(spec.signature)
     for name in spec.constexprs:
         signature[name] = "constexpr"
-    source = ASTSource(fn=kernel, signature=signature, constexprs=dict(spec.constexprs))
+    # as a launch does for 16-byte aligned tensors (every fresh torch allocation): pointers are
+    # specialized as divisible by 16, which is what lets the compiler vectorize their accesses
+    names = list(kernel.arg_names)
+    attrs = {(names.index(arg),): [["tt.divisibility", 16]] for arg, kind in spec.signature.items()
+             if (kind.startswith("*") and spec.aligned_pointers) or arg in spec.divisible_ints}
+    source = ASTSource(fn=kernel, signature=signature, constexprs=dict(spec.constexprs), attrs=attrs)
     options = {"num_warps": spec.num_warps, "num_stages": spec.num_stages}
     return triton.compile(source, target=GPUTarget("cuda", arch, 32), options=options)
 

@@ -709,6 +709,15 @@ def _split_signature(q_type: str, res_type: str, scale_type: str) -> dict:
     return sig
 
 
+# Multiples of 16 in every launch of the default layouts (D and the page size multiples of 16;
+# V scale rows of D/G entries, the block table's and the lse's strides excepted): how a launch
+# specializes them, so the AOT build is the kernel that runs.
+_SPLIT_MULTIPLES = ("stride_qb", "stride_qh", "stride_kw_p", "stride_kw_h", "stride_kw_t", "stride_ks_p",
+                    "stride_ks_h", "stride_ks_g", "stride_vw_p", "stride_vw_h", "stride_vw_t", "stride_vs_p",
+                    "stride_vs_h", "stride_r_b", "stride_r_h", "stride_r_t", "stride_mo_b", "stride_mo_h",
+                    "stride_mo_s", "page_size")
+
+
 def split_spec(dtype: str = "fp16", d: int = 128, bits: int = 3, g: int = 64, group: int = 1,
                tile: int | None = None, warps: int | None = None) -> AotSpec:
     """One specialization of the split kernel (default layout for d and g), for AOT compilation."""
@@ -719,7 +728,7 @@ def split_spec(dtype: str = "fp16", d: int = 128, bits: int = 3, g: int = 64, gr
         _split_signature(f"*{dtype}", f"*{dtype}", "*fp16"),
         {"GROUP": group, "M": 2 * max(8, triton.next_power_of_2(group)), "D": d, "G": g, "BITS": bits,
          "BLOCK_T": tile, "WARPS": warps, "INTERPRET": False},
-        num_warps=warps,
+        num_warps=warps, divisible_ints=_SPLIT_MULTIPLES,
     )
 
 
