@@ -250,6 +250,8 @@ def usable_cpus() -> int:
         return len(os.sched_getaffinity(0))
     except (AttributeError, OSError):
         return os.cpu_count() or 1
+
+
 DEFAULT_EXT_ROOT = Path.home() / ".cache" / "kvbits" / "torch_extensions"
 
 

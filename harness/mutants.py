@@ -47,7 +47,7 @@ from .records import (
     read_records,
     utc_now,
 )
-from .streamed_run import StreamedRun, write_run
+from .streamed_run import StreamedRun
 from .subproc import run_killable
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -673,12 +673,23 @@ def result_record(r: Result, gpu: bool) -> Record:
     )
 
 
+def open_run(run_dir: Path, *, leg: str | None, args: Sequence[str], started: str) -> StreamedRun:
+    """The run directory that mutant records stream into (suite ``mutants``), readable by the report."""
+    return StreamedRun(run_dir, kind="mutants", leg=leg, args=args, started=started)
+
+
+def finish_run(run: StreamedRun, results: Sequence[Result]) -> None:
+    killed, judged = kill_rate(results)
+    run.finish(kill_rate=f"{killed}/{judged}")
+
+
 def write_results(results: Sequence[Result], run_dir: Path, *, leg: str | None, args: Sequence[str],
                   started: str, gpu: bool) -> None:
-    """Records (suite ``mutants``) and a manifest in ``run_dir``, readable by the report, at once."""
-    killed, judged = kill_rate(results)
-    write_run(run_dir, [result_record(r, gpu) for r in results], kind="mutants", leg=leg, args=args,
-              started=started, kill_rate=f"{killed}/{judged}")
+    """Records and a manifest in ``run_dir`` at once, for results already in hand."""
+    run = open_run(run_dir, leg=leg, args=args, started=started)
+    for result in results:
+        run.add(result_record(result, gpu))
+    finish_run(run, results)
 
 
 def _backend_of(mutant: Mutant) -> str:
@@ -748,13 +759,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     where = "compiled on the GPU" if gpu else "in the Triton interpreter on CPU (gpu-only mutants skipped)"
     print(f"[mutants] {len(mutants)} mutants, {args.jobs} job(s), {where}", flush=True)
     start = time.perf_counter()
-    run = StreamedRun(run_dir, kind="mutants", leg=args.leg, args=sys.argv[1:] if argv is None else list(argv),
-                      started=started)
+    run = open_run(run_dir, leg=args.leg, args=sys.argv[1:] if argv is None else list(argv), started=started)
     results = run_mutants(mutants, jobs=args.jobs, timeout_s=args.timeout, gpu=gpu,
                           check_clean=not args.no_clean_check, progress=lambda s: print(s, flush=True),
                           on_result=lambda r: run.add(result_record(r, gpu)))
-    killed, judged = kill_rate(results)
-    run.finish(kill_rate=f"{killed}/{judged}")
+    finish_run(run, results)
     print(table(results), flush=True)
     print(f"[mutants] {time.perf_counter() - start:.0f} s in all", flush=True)
     print(f"records: {run_dir / RECORDS_FILE}", flush=True)

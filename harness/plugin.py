@@ -24,6 +24,7 @@ from pathlib import Path
 
 import pytest
 
+from .commands import usable_cpus
 from .records import MANIFEST_FILE, RECORDS_FILE, Record, RecordWriter, utc_now, write_json_atomic
 
 PROPERTY = "kvh_record"
@@ -312,8 +313,6 @@ def worker_cpu_threads(environ=os.environ, cpu_count: int | None = None) -> int 
     workers = environ.get("PYTEST_XDIST_WORKER_COUNT")
     if not workers or not environ.get("PYTEST_XDIST_WORKER") or environ.get("OMP_NUM_THREADS"):
         return None
-    from .commands import usable_cpus
-
     return max(1, (cpu_count or usable_cpus()) // max(1, int(workers)))
 
 

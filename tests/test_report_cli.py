@@ -107,9 +107,11 @@ def test_odd_fields_of_a_steps_file_are_defaulted_not_fatal(tmp_path):
     run_dir = _passing_run(tmp_path)
     steps = tmp_path / "steps.json"
     steps.write_text(json.dumps({"kind": "verify", "wall_s": "soon", "gpus": "0,1", "steps": [
-        {"step": "suites", "rc": "x", "ok": "yes", "seconds": "x"}, "junk", {"no": "step"}]}))
+        {"step": "suites", "rc": "x", "ok": "yes", "seconds": "x"}, "junk", {"no": "step"},
+        {"step": "report", "rc": "nan", "ok": False, "seconds": "inf"}]}))
     out = tmp_path / "page.html"
     assert main(["report", str(run_dir), "-o", str(out), "--steps", str(steps)]) == 0
     html = out.read_text(encoding="utf-8")
+    assert "report 0.0 s (exit None)" in html
     assert "pipeline <b>verify</b>" in html and "suites 0.0 s (exit None)" in html and "GPU" not in html.split(
         'id="pipeline"')[1].split("</div>")[0]

@@ -9,12 +9,15 @@ manifests become ``problems`` that the report shows.
 
 from __future__ import annotations
 
+import json
+import math
 import os
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..records import MANIFEST_FILE, RECORDS_FILE, Record, read_manifest, read_records
+from .fmt import to_float
 
 BAD_OUTCOMES = ("failed", "error", "crashed", "timeout")
 
@@ -212,19 +215,15 @@ def load_results(paths: list[str | os.PathLike]) -> ResultSet:
     return ResultSet(runs, problems)
 
 
-def _number(value, default=None):
-    try:
-        return float(value)
-    except (TypeError, ValueError):
-        return default
+def _finite(value, default=None):
+    number = to_float(value)
+    return number if number is not None and math.isfinite(number) else default
 
 
 def read_steps(path: str | os.PathLike) -> dict | None:
     """A pipeline's steps file (``<kind>-steps.json``: kind, wall_s, gpus, steps), or None when
     it is missing or unreadable; odd fields are dropped or defaulted, so the report is then
     rendered without them, never refused."""
-    import json
-
     try:
         data = json.loads(Path(path).read_text(encoding="utf-8"))
     except (OSError, ValueError):
@@ -235,9 +234,9 @@ def read_steps(path: str | os.PathLike) -> dict | None:
     for step in data["steps"]:
         if not isinstance(step, dict) or "step" not in step:
             continue
-        rc = _number(step.get("rc"))
+        rc = _finite(step.get("rc"))
         steps.append({"step": str(step["step"]), "rc": None if rc is None else int(rc), "ok": step.get("ok") is True,
-                      "seconds": _number(step.get("seconds"), 0.0)})
+                      "seconds": _finite(step.get("seconds"), 0.0)})
     gpus = data.get("gpus")
-    return {"kind": str(data.get("kind", "?")), "wall_s": _number(data.get("wall_s"), 0.0),
+    return {"kind": str(data.get("kind", "?")), "wall_s": _finite(data.get("wall_s"), 0.0),
             "gpus": [str(g) for g in gpus] if isinstance(gpus, list) else [], "steps": steps}

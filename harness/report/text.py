@@ -101,11 +101,12 @@ def markdown_summary(summary: Summary, *, report_name: str | None = None) -> str
     where = ", ".join(md_escape(w) for w in summary.where) or "no runs"
     out.append(f"  \nran on {where}")
     if summary.pipeline:
+        pipeline = summary.pipeline  # normalized by load.read_steps
         steps = " \N{MIDDLE DOT} ".join(
-            f"{md_escape(str(st.get('step')))} {float(st.get('seconds') or 0):.1f} s"
-            + ("" if st.get("ok") else f" (exit {st.get('rc')})") for st in summary.pipeline.get("steps", []))
-        out.append(f"  \npipeline {md_escape(str(summary.pipeline.get('kind')))}: {steps} \N{MIDDLE DOT} "
-                   f"wall time **{float(summary.pipeline.get('wall_s') or 0):.1f} s**")
+            f"{md_escape(st['step'])} {st['seconds']:.1f} s" + ("" if st["ok"] else f" (exit {st['rc']})")
+            for st in pipeline["steps"])
+        out.append(f"  \npipeline {md_escape(pipeline['kind'])}: {steps} \N{MIDDLE DOT} "
+                   f"wall time **{pipeline['wall_s']:.1f} s**")
     if summary.incomplete:
         out.append(f"  \n**incomplete run:** {', '.join(md_escape(r.label) for r in summary.incomplete)}")
     if summary.suites:
