@@ -53,6 +53,19 @@ def _install_stack(session: nox.Session, torch: str, triton: str | None, index_u
         session.install(*args)
 
 
+def _drop_venv_when_asked(session: nox.Session) -> None:
+    """Under ``KVH_DROP_LEG_VENVS=1`` a leg's virtualenv (1.5-2 GB: torch and one triton) is removed
+    once the leg has run, so the legs of one run need one leg's disk, not all of them together."""
+    if os.environ.get("KVH_DROP_LEG_VENVS") != "1" or _installed(session):
+        return
+    location = Path(session.virtualenv.location).resolve()
+    if location.parent != (ROOT / ".nox").resolve():
+        session.warn(f"KVH_DROP_LEG_VENVS: {location} is not under .nox/; left in place")
+        return
+    shutil.rmtree(location, ignore_errors=True)
+    session.log(f"KVH_DROP_LEG_VENVS: removed {location.name}")
+
+
 def _pipeline(session: nox.Session, kind: str, *args: str) -> None:
     session.run(_python(session), "-m", "harness.pipeline", kind, *args, external=_installed(session))
 
@@ -78,8 +91,11 @@ def tests(session: nox.Session, triton: str) -> None:
         _once_on_installed(session, "tests")
         _pipeline(session, "tests", *session.posargs)
         return
-    _install_stack(session, leg.torch, leg.triton)
-    _pipeline(session, "tests", "--leg", leg.name, *session.posargs)
+    try:
+        _install_stack(session, leg.torch, leg.triton)
+        _pipeline(session, "tests", "--leg", leg.name, *session.posargs)
+    finally:
+        _drop_venv_when_asked(session)
 
 
 @nox.session(default=False)
