@@ -58,22 +58,29 @@ def values_per_group(bits: int, layout: str = "byte") -> int:
 
 
 # ----------------------------------------------------------------------------- torch reference
+def _bit_stream(x: torch.Tensor, width: int) -> torch.Tensor:
+    """uint8 [..., n] -> uint8 [..., n*width] of 0/1: bit j of x[..., i] at position width*i + j."""
+    shifts = torch.arange(width, device=x.device, dtype=torch.uint8)
+    return ((x.unsqueeze(-1) >> shifts) & 1).flatten(-2)
+
+
+def _regroup(stream: torch.Tensor, width: int) -> torch.Tensor:
+    """uint8 [..., n] of 0/1 -> uint8 [..., n/width]: field i takes bit j from stream[width*i + j]."""
+    fields = stream.unflatten(-1, (-1, width))
+    out = torch.zeros_like(fields[..., 0])
+    for j in range(width):  # one pass per bit plane (a sum over a dim of 8 is several times slower on CPU)
+        out |= fields[..., j] << j
+    return out
+
+
 def _pack_torch(values: torch.Tensor, bits: int) -> torch.Tensor:
     """uint8 [..., N] -> uint8 [..., N*bits/8]: expand to bit planes, regroup by 8."""
-    shifts = torch.arange(bits, device=values.device, dtype=torch.uint8)
-    stream = ((values.unsqueeze(-1) >> shifts) & 1).flatten(-2)  # [..., N*bits], bit b*i+j
-    octets = stream.unflatten(-1, (-1, 8)).to(torch.int32)
-    weights = 1 << torch.arange(8, device=values.device, dtype=torch.int32)
-    return (octets * weights).sum(-1).to(torch.uint8)
+    return _regroup(_bit_stream(values, bits), 8)
 
 
 def _unpack_torch(packed: torch.Tensor, bits: int) -> torch.Tensor:
     """uint8 [..., M] -> uint8 [..., M*8/bits]: expand bytes to bits, regroup by ``bits``."""
-    shifts = torch.arange(8, device=packed.device, dtype=torch.uint8)
-    stream = ((packed.unsqueeze(-1) >> shifts) & 1).flatten(-2)
-    planes = stream.unflatten(-1, (-1, bits)).to(torch.int32)
-    weights = 1 << torch.arange(bits, device=packed.device, dtype=torch.int32)
-    return (planes * weights).sum(-1).to(torch.uint8)
+    return _regroup(_bit_stream(packed, 8), bits)
 
 
 # ----------------------------------------------------------------------------- Triton kernels
