@@ -10,6 +10,7 @@ import subprocess
 import sys
 import warnings
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -37,6 +38,12 @@ class Stop(Exception):
     """session.skip / session.error."""
 
 
+@pytest.fixture(autouse=True)
+def _keep_leg_venvs(monkeypatch):
+    """CI runs these tests with KVH_DROP_LEG_VENVS=1 set for its own legs: not for these."""
+    monkeypatch.delenv("KVH_DROP_LEG_VENVS", raising=False)
+
+
 class FakeSession:
     def __init__(self, tmp_path, *, venv_backend="virtualenv", posargs=(), failing=(), output=""):
         self.venv_backend = venv_backend
@@ -44,6 +51,7 @@ class FakeSession:
         self.failing = failing
         self.output = output
         self.tmp = tmp_path
+        self.virtualenv = SimpleNamespace(location=str(tmp_path / ".nox" / "tests-leg"))
         self.calls: list[tuple] = []
         self.warnings: list[str] = []
 
@@ -161,6 +169,48 @@ def test_torch_index_url_from_the_environment(tmp_path, monkeypatch):
     session = FakeSession(tmp_path)
     noxfile.tests(session, triton="3.9.0")
     assert session.installs()[0] == ["--index-url", "https://example.invalid/cpu", "torch==2.13.0"]
+
+
+@pytest.mark.parametrize("failing", [(), ("harness.pipeline",)], ids=["passed", "failed"])
+def test_a_leg_venv_is_dropped_when_asked_whether_the_leg_passed_or_not(tmp_path, monkeypatch, failing):
+    monkeypatch.setenv("KVH_DROP_LEG_VENVS", "1")
+    noxfile = load_noxfile()
+    monkeypatch.setattr(noxfile, "ROOT", tmp_path)
+    session = FakeSession(tmp_path, failing=failing)
+    venv = Path(session.virtualenv.location)
+    (venv / "lib").mkdir(parents=True)
+    other = tmp_path / ".nox" / "tests-other-leg"
+    other.mkdir()
+    if failing:
+        with pytest.raises(CommandFailed):
+            noxfile.tests(session, triton="3.4.0")
+    else:
+        noxfile.tests(session, triton="3.4.0")
+    assert not venv.exists()
+    assert other.is_dir()  # only the leg's own venv goes
+
+
+@pytest.mark.parametrize("setting", [None, "0"])
+def test_a_leg_venv_is_kept_by_default(tmp_path, monkeypatch, setting):
+    if setting is not None:
+        monkeypatch.setenv("KVH_DROP_LEG_VENVS", setting)
+    noxfile = load_noxfile()
+    monkeypatch.setattr(noxfile, "ROOT", tmp_path)
+    session = FakeSession(tmp_path)
+    Path(session.virtualenv.location).mkdir(parents=True)
+    noxfile.tests(session, triton="3.4.0")
+    assert Path(session.virtualenv.location).is_dir()
+
+
+def test_a_venv_outside_nox_dir_is_never_dropped(tmp_path, monkeypatch):
+    monkeypatch.setenv("KVH_DROP_LEG_VENVS", "1")
+    noxfile = load_noxfile()
+    monkeypatch.setattr(noxfile, "ROOT", tmp_path / "project")
+    session = FakeSession(tmp_path)
+    Path(session.virtualenv.location).mkdir(parents=True)
+    noxfile.tests(session, triton="3.4.0")
+    assert Path(session.virtualenv.location).is_dir()
+    assert any("left in place" in w for w in session.warnings)
 
 
 def test_no_venv_runs_a_family_once_on_the_installed_stack(tmp_path):
