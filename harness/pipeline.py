@@ -32,7 +32,8 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-from . import commands
+from . import commands, timeline
+from .records import read_manifest
 
 NO_CUDA_EXIT = 3
 FALLBACK_NOTICE = "no CUDA device: running in the Triton interpreter on CPU"
@@ -144,6 +145,14 @@ def render(run_dirs: Sequence[str], reports_dir: str, baseline: str | None, timi
                                                   baseline=baseline, steps=steps), {}, timings)
 
 
+def _say_timeline(name: str, results_dir: str) -> None:
+    """Where the step's time went outside its tests (the run manifest's timeline)."""
+    manifest = read_manifest(results_dir)
+    line = timeline.describe(manifest.get("timeline") if isinstance(manifest, dict) else None)
+    if line:
+        _say(f"{name}: {line}")
+
+
 def _print_table(timings: list[dict], wall: float) -> None:
     _say("steps:")
     for t in timings:
@@ -221,6 +230,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             if step.results_dir:
                 shutil.rmtree(step.results_dir, ignore_errors=True)  # records append: start clean
             rc = _run(step.name, step.argv, step.env, timings, step.ok)
+            if step.results_dir:
+                _say_timeline(step.name, step.results_dir)
             if rc == 5 and step.name == "suites":
                 _say("suites: no test was collected, so nothing was checked")
             failed |= rc not in step.ok

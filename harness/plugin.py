@@ -24,6 +24,7 @@ from pathlib import Path
 
 import pytest
 
+from . import timeline
 from .commands import usable_cpus
 from .records import MANIFEST_FILE, RECORDS_FILE, Record, RecordWriter, utc_now, write_json_atomic
 
@@ -98,9 +99,37 @@ def _text(report) -> str | None:
     return text[-4000:]
 
 
+class WorkerTimeline:
+    """In an xdist worker: this process's moments (timeline.MARKS), handed to the controller
+    through xdist's ``workeroutput`` when the worker ends."""
+
+    def __init__(self, config) -> None:
+        self.config = config
+        self.marks = timeline.Marks()
+        self.marks.first("configured")
+
+    def pytest_collection_finish(self, session) -> None:
+        self.marks.first("collected")
+
+    def pytest_runtest_logstart(self, nodeid, location) -> None:
+        self.marks.first("first_test")
+
+    def pytest_runtest_logfinish(self, nodeid, location) -> None:
+        self.marks.last("last_test_end")
+
+    @pytest.hookimpl(trylast=True)
+    def pytest_sessionfinish(self, session) -> None:
+        self.marks.last("finished")
+        output = getattr(self.config, "workeroutput", None)
+        if isinstance(output, dict):
+            output[timeline.KEY] = dict(self.marks.times)
+
+
 class RecordingPlugin:
     def __init__(self, config) -> None:
         self.config = config
+        self.marks = timeline.Marks()
+        self.worker_marks: dict[str, dict] = {}
         leg = config.getoption("leg") or os.environ.get("KVH_LEG")
         from .env import capture
 
@@ -130,9 +159,11 @@ class RecordingPlugin:
             "counts": {},
         }
         write_json_atomic(self.run_dir / MANIFEST_FILE, self.manifest)
+        self.marks.first("configured")
 
     # -- benchmark progress: one line per timed case as it lands ------------------------
     def pytest_collection_finish(self, session) -> None:
+        self.marks.first("collected")  # under xdist the workers collect: their marks say when
         self.bench_total = sum(1 for item in session.items if item.get_closest_marker("bench"))
 
     def _progress_line(self, record: Record) -> None:
@@ -169,6 +200,18 @@ class RecordingPlugin:
     # -- collecting phases into one record ---------------------------------------
     def pytest_runtest_logstart(self, nodeid, location) -> None:
         self.started[nodeid] = time.monotonic()
+        self.marks.first("first_test")
+
+    def pytest_runtest_logfinish(self, nodeid, location) -> None:
+        self.marks.last("last_test_end")
+
+    @pytest.hookimpl(optionalhook=True)
+    def pytest_testnodedown(self, node, error) -> None:
+        """pytest-xdist: a worker ended; keep its timeline marks (none when it crashed)."""
+        marks = (getattr(node, "workeroutput", None) or {}).get(timeline.KEY)
+        name = getattr(getattr(node, "gateway", None), "id", None)
+        if isinstance(marks, dict) and name:
+            self.worker_marks[str(name)] = marks
 
     def pytest_runtest_logreport(self, report) -> None:
         if report.when == "???":  # pytest-xdist: the worker died while running this test
@@ -255,6 +298,8 @@ class RecordingPlugin:
                 )
             )
         self.writer.close()
+        self.marks.last("finished")
+        self.manifest["timeline"] = timeline.build(self.marks.times, self.worker_marks)
         self.manifest["finished"] = utc_now()
         self.manifest["complete"] = exitstatus in (0, 1) and not session.shouldstop
         self.manifest["exitstatus"] = int(exitstatus)
@@ -318,6 +363,7 @@ def worker_cpu_threads(environ=os.environ, cpu_count: int | None = None) -> int 
 
 def pytest_configure(config) -> None:
     if _is_worker(config):
+        config.pluginmanager.register(WorkerTimeline(config), "kvh-worker-timeline")
         threads = worker_cpu_threads()
         if threads is not None:
             import torch

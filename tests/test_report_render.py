@@ -112,3 +112,25 @@ def test_case_tables_show_only_columns_with_values(tmp_path):
     assert "checked" in table and "max abs err" not in table and "speedup" not in table
     assert table.index("test_b") < table.index("test_a")  # not passing first
     assert "<summary>boom</summary>" in table
+
+
+def test_environment_shows_where_the_time_went(tmp_path):
+    import json
+
+    from harness import timeline
+    from harness.records import MANIFEST_FILE
+
+    plain = write_run(tmp_path / "plain", [rec("bits", "test_a")], leg="A", env=env_for("A", "interpreter"))
+    timed = write_run(tmp_path / "timed", [rec("bits", "test_a")], leg="B", env=env_for("B", "interpreter"))
+    manifest = json.loads((timed / MANIFEST_FILE).read_text())
+    manifest["timeline"] = timeline.build(
+        {"started": 10.0, "first_test": 17.9, "last_test_end": 29.1, "finished": 30.3},
+        {"gw0": {"started": 13.0, "collected": 16.0, "first_test": 17.9, "last_test_end": 29.1}})
+    (timed / MANIFEST_FILE).write_text(json.dumps(manifest))
+    html = render_html(summarize(load_results([plain, timed])))
+    env = html[html.index('id="environment"'):]
+    row = env[env.index("where the time went"):]
+    row = row[: row.index("</tr>")]
+    cells = re.findall(r'<td class="t">(.*?)</td>', row)
+    assert cells[0] == "" and cells[1].startswith("first test at 7.9 s (1 worker ready 7.9 s median")
+    assert "tests 11.2 s" in cells[1] and "session ended at 20.3 s" in cells[1]

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import jinja2
 
+from .. import timeline
 from ..records import STANDARD_METRICS, Record, utc_now
 from . import fmt
 from .charts import all_charts
@@ -57,6 +58,7 @@ ENV_ROWS = [
     ("finished", lambda run, s: None if None in run.manifest_values("finished") else max(run.manifest_values("finished"))),
     ("complete", lambda run, s: "yes" if run.complete else "NO"),
     ("exit status", lambda run, s: _each(run, lambda m: m.get("exitstatus"))),
+    ("where the time went", lambda run, s: _each(run, lambda m: timeline.describe(m.get("timeline")))),
     ("pytest args", lambda run, s: _each(run, lambda m: " ".join(map(str, m.get("args") or [])) or None)),
     ("source", lambda run, s: " | ".join(str(path) for path, _ in run.parts)),
 ]
@@ -67,7 +69,8 @@ def _each(run: Run, get) -> str | None:
     values = [get(manifest) for _, manifest in run.parts]
     return " | ".join(str(v) for v in values if v is not None) or None
 
-_EXPECTED_TO_DIFFER = {"leg", "started", "finished", "source"}
+
+_EXPECTED_TO_DIFFER = {"leg", "started", "finished", "source", "where the time went"}
 
 
 def _gpus(run: Run) -> str | None:
