@@ -63,7 +63,10 @@ def _drop_venv_when_asked(session: nox.Session) -> None:
         session.warn(f"KVH_DROP_LEG_VENVS: {location} is not under .nox/; left in place")
         return
     shutil.rmtree(location, ignore_errors=True)
-    session.log(f"KVH_DROP_LEG_VENVS: removed {location.name}")
+    if location.exists():
+        session.warn(f"KVH_DROP_LEG_VENVS: {location.name} could not be removed whole")
+    else:
+        session.log(f"KVH_DROP_LEG_VENVS: removed {location.name}")
 
 
 def _pipeline(session: nox.Session, kind: str, *args: str) -> None:

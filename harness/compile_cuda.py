@@ -8,9 +8,10 @@ and prints ptxas's register / spill report. Exit status: 0 all compiled, 1 a sou
 failed, 2 no ``nvcc``. ``nox -s compile_matrix`` and the GPU scripts both call this.
 
 A successful compile is remembered under ``$KVH_CACHE_DIR/nvcc`` (default
-``~/.cache/kvbits/nvcc``), keyed by everything its result depends on: the source text, the
-nvcc release, the torch build whose headers it includes, the Python headers, the shims, the
-flags and the arch. A second check of the same inputs (the next triton leg of ``nox -s tests``:
+``~/.cache/kvbits/nvcc``), keyed by everything its result depends on: the source text, every
+file beside it, the flags and the arch, nvcc's and the host compiler's releases, the
+environment variables they read, the torch build whose headers it includes, the Python
+headers and the shims. A second check of the same inputs (the next triton leg of ``nox -s tests``:
 same sources, same torch) prints the remembered report marked ``cached``; any change compiles
 again. ``--no-cache`` always compiles.
 """
@@ -22,11 +23,13 @@ import datetime as _dt
 import hashlib
 import json
 import os
+import platform
 import shutil
 import subprocess
 import sys
 import sysconfig
 import tempfile
+import threading
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -52,20 +55,41 @@ def default_cache_dir() -> Path:
     return Path(os.environ.get("KVH_CACHE_DIR") or Path.home() / ".cache" / "kvbits") / "nvcc"
 
 
-def _nvcc_release(run=subprocess.run) -> str:
-    out = run(["nvcc", "--version"], capture_output=True, text=True)
+# Environment variables that nvcc or its host compiler read: each changes what a compile does.
+COMPILER_ENV = ("NVCC_APPEND_FLAGS", "NVCC_PREPEND_FLAGS", "NVCC_CCBIN", "CPATH", "C_INCLUDE_PATH",
+                "CPLUS_INCLUDE_PATH", "NVCC_PROFILE")
+
+
+def _version_text(cmd: list[str], run=subprocess.run) -> str:
+    try:
+        out = run([*cmd, "--version"], capture_output=True, text=True)
+    except OSError as exc:
+        return f"unavailable ({exc.__class__.__name__})"
     return out.stdout.strip() if out.returncode == 0 else f"unknown (exit {out.returncode})"
 
 
-def toolchain_identity(shims: dict[str, str], run=subprocess.run) -> dict:
-    """What a compile's result depends on besides its source and command: nvcc's release, the
-    torch build whose headers are included (version and commit), the Python headers, the shims."""
+def _files_digest(directory: Path) -> str:
+    """sha256 over every file beside the sources (headers a source may include, the loader)."""
+    digest = hashlib.sha256()
+    for path in sorted(p for p in directory.rglob("*") if p.is_file() and "__pycache__" not in p.parts):
+        digest.update(path.relative_to(directory).as_posix().encode() + b"\0" + path.read_bytes() + b"\0")
+    return digest.hexdigest()
+
+
+def toolchain_identity(shims: dict[str, str], run=subprocess.run, environ=os.environ) -> dict:
+    """What a compile's result depends on besides its source text and flags: nvcc's release and
+    its host compiler's (nvcc calls ``$NVCC_CCBIN`` or the ``g++`` on PATH), the environment
+    both read, the torch build whose headers are included (version and commit), the Python
+    headers, the shims, and every file beside the sources."""
     import torch
 
-    return {"nvcc": _nvcc_release(run), "torch": torch.__version__,
-            "torch_commit": getattr(torch.version, "git_version", None),
-            "python_headers": sysconfig.get_python_version() + sys.abiflags,
-            "shims": dict(sorted(shims.items()))}
+    host = environ.get("NVCC_CCBIN") or shutil.which("g++", path=environ.get("PATH")) or "g++"
+    return {"nvcc": _version_text(["nvcc"], run), "nvcc_path": shutil.which("nvcc", path=environ.get("PATH")),
+            "host_compiler": [host, _version_text([host], run)],
+            "env": {name: environ[name] for name in COMPILER_ENV if name in environ},
+            "torch": torch.__version__, "torch_commit": getattr(torch.version, "git_version", None),
+            "python_headers": [platform.python_version() + sys.abiflags, sysconfig.get_config_var("INCLUDEPY")],
+            "shims": dict(sorted(shims.items())), "beside_sources": _files_digest(SOURCE_DIR)}
 
 
 def cache_key(source_text: str, command: list[str], include_dirs: list[str], toolchain: dict) -> str:
@@ -75,6 +99,17 @@ def cache_key(source_text: str, command: list[str], include_dirs: list[str], too
     flags = [placeholders.get(arg, arg) for arg in command[:command.index("-c")]]
     blob = json.dumps({"source": source_text, "flags": flags, "toolchain": toolchain}, sort_keys=True)
     return hashlib.sha256(blob.encode()).hexdigest()
+
+
+def _remember(entry: Path, saved: dict) -> None:
+    """Write a cache entry atomically; a cache that cannot be written costs only the recall."""
+    try:
+        entry.parent.mkdir(parents=True, exist_ok=True)
+        tmp = entry.with_suffix(f".{os.getpid()}.{threading.get_ident()}.tmp")
+        tmp.write_text(json.dumps(saved), encoding="utf-8")
+        os.replace(tmp, entry)
+    except OSError as exc:
+        print(f"compile cache not written ({entry.parent}): {exc}", file=sys.stderr)
 
 
 def compile_one(source: Path, arch: str, includes: list[str], scratch: Path, toolchain: dict,
@@ -95,11 +130,8 @@ def compile_one(source: Path, arch: str, includes: list[str], scratch: Path, too
     lines = result.stderr.splitlines()
     report = [ln.strip() for ln in lines if "registers" in ln or "spill" in ln] if ok else lines[-25:]
     if ok and entry is not None:
-        compiled = _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
-        entry.parent.mkdir(parents=True, exist_ok=True)
-        tmp = entry.with_suffix(f".{os.getpid()}.tmp")
-        tmp.write_text(json.dumps({"source": source.name, "arch": arch, "compiled": compiled, "report": report}))
-        os.replace(tmp, entry)
+        _remember(entry, {"source": source.name, "arch": arch, "report": report,
+                          "compiled": _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")})
     return ok, [f"{'ok  ' if ok else 'FAIL'} {arch} {source.name}", *[f"     {line}" for line in report]]
 
 

@@ -167,6 +167,11 @@ CATALOGUE: tuple[Mutant, ...] = (
        "return _regroup(_bit_stream(values, bits).roll(1, -1), 8)",
        "torch reference pack shifts the bit stream by one (a value's top bit wraps to bit 0)", GOLDEN,
        "torch"),
+    _m("unpack-torch-stream-off-by-one", PACKING,
+       "return _regroup(_bit_stream(packed, 8), bits)",
+       "return _regroup(_bit_stream(packed, 8).roll(1, -1), bits)",
+       "torch reference unpack reads the bit stream one bit late (a byte's top bit wraps to bit 0)", GOLDEN,
+       "torch"),
     # ------------------------------------------------------------------ packing, CUDA
     _m("pack3-cuda-lane10-straddle", PACK3_CU,
        "if (kShift > 29) v |= hi_word << (32 - kShift);",

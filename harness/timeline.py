@@ -9,6 +9,7 @@ torch, triton, CUDA contexts, extension loads) and collecting: more GPUs do not 
 
 from __future__ import annotations
 
+import math
 import os
 import statistics
 import time
@@ -19,14 +20,16 @@ KEY = "kvh_timeline"  # the key a worker's marks travel under in xdist's workero
 
 
 def process_start_time(pid: int | str = "self") -> float | None:
-    """Unix time at which process ``pid`` started, from Linux's /proc; None where unreadable."""
+    """Unix time at which process ``pid`` started, from Linux's /proc; None where unreadable.
+
+    /proc gives the start in clock ticks since boot; the boot moment comes from the boot-time
+    clock read beside the wall clock (/proc/stat's btime is truncated to whole seconds)."""
     try:
         with open(f"/proc/{pid}/stat", encoding="ascii") as f:
-            fields = f.read().rsplit(")", 1)[1].split()
-        with open("/proc/stat", encoding="ascii") as f:
-            boot = next(float(line.split()[1]) for line in f if line.startswith("btime "))
-        return boot + int(fields[19]) / os.sysconf("SC_CLK_TCK")  # field 22: starttime in ticks
-    except (OSError, ValueError, IndexError, StopIteration):
+            ticks = int(f.read().rsplit(")", 1)[1].split()[19])  # field 22: starttime
+        booted = time.time() - time.clock_gettime(time.CLOCK_BOOTTIME)
+        return booted + ticks / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError, AttributeError):
         return None
 
 
@@ -66,7 +69,9 @@ def build(controller: Mapping[str, float], workers: Mapping[str, Mapping[str, fl
 
 
 def _finite(value) -> float | None:
-    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        return None
+    return float(value)
 
 
 def phases(timeline: Mapping | None) -> dict | None:
@@ -93,7 +98,7 @@ def phases(timeline: Mapping | None) -> dict | None:
         "collected": max(each("collected"), default=None),
         "ready_median": statistics.median(ready) if ready else None,
         "ready_max": max(ready) if ready else None,
-        "workers": len(workers),
+        "workers": len(ready),  # the workers that ran a test
     }
     finished = _finite(controller.get("finished"))
     if finished is not None:
@@ -104,7 +109,7 @@ def phases(timeline: Mapping | None) -> dict | None:
 
 def describe(timeline: Mapping | None) -> str | None:
     """One line: ``first test at 7.9 s (8 workers ready 5.1 s median, 7.9 s last; collected by
-    4.2 s) · tests 11.2 s · wind-down 1.2 s · 20.3 s in all``; None without a timeline."""
+    4.2 s) · tests 11.2 s · wind-down 1.2 s · session ended at 20.3 s``; None without a timeline."""
     p = phases(timeline)
     if p is None:
         return None

@@ -95,6 +95,28 @@ def test_an_identical_compile_is_recalled_and_a_changed_source_compiles_again(tm
     assert nvcc.compiles == 3
 
 
+def test_the_toolchain_identity_follows_the_compiler_environment(tmp_path, monkeypatch):
+    from harness.compile_cuda import toolchain_identity
+
+    base = {"PATH": "/usr/bin:/bin"}
+    same = toolchain_identity({}, run=FakeNvcc(), environ=base)
+    assert same == toolchain_identity({}, run=FakeNvcc(), environ={**base, "HOME": "/elsewhere"})
+    for name, value in (("NVCC_APPEND_FLAGS", "-include /x.h"), ("NVCC_CCBIN", "/bin/false"),
+                        ("CPLUS_INCLUDE_PATH", "/poison"), ("CPATH", "/poison")):
+        assert toolchain_identity({}, run=FakeNvcc(), environ={**base, name: value}) != same, name
+    assert toolchain_identity({"shim.h": "x"}, run=FakeNvcc(), environ=base) != same
+
+
+def test_an_unwritable_cache_costs_only_the_recall(tmp_path, capsys):
+    from harness.compile_cuda import compile_one
+
+    blocker = tmp_path / "file"
+    blocker.write_text("not a directory")
+    ok, lines = compile_one(_source(tmp_path), "sm_90", ["/inc"], tmp_path, {}, blocker / "cache", run=FakeNvcc())
+    assert ok and lines[0] == "ok   sm_90 k.cu"
+    assert "compile cache not written" in capsys.readouterr().err
+
+
 def test_a_failed_compile_is_never_remembered_and_a_broken_entry_compiles_again(tmp_path):
     from harness.compile_cuda import compile_one
 

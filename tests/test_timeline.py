@@ -90,6 +90,14 @@ def test_a_serial_run_without_workers_or_an_end():
     assert timeline.describe(built) == "first test at 2.5 s (collected by 2.0 s) \N{MIDDLE DOT} tests 0.5 s"
 
 
+def test_workers_that_ran_no_test_are_not_counted_ready_and_non_finite_marks_are_ignored():
+    built = timeline.build({"started": 0.0, "first_test": 5.0, "last_test_end": 6.0, "finished": float("nan")},
+                           {"gw0": {"started": 1.0, "first_test": 5.0}, "gw1": {"started": 1.0}})
+    phases = timeline.phases(built)
+    assert phases["workers"] == 1 and "total" not in phases
+    assert "nan" not in timeline.describe(built) and "1 worker ready" in timeline.describe(built)
+
+
 @pytest.mark.parametrize("bad", [None, {}, [], "text", {"controller": "x", "workers": []},
                                  {"controller": {"first_test": True, "last_test_end": 3}},
                                  {"controller": {"started": 0.0}, "workers": {"gw0": {"started": 1.0}}}])
