@@ -361,7 +361,25 @@ def worker_cpu_threads(environ=os.environ, cpu_count: int | None = None) -> int 
     return max(1, (cpu_count or usable_cpus()) // max(1, int(workers)))
 
 
+def _one_gc_pass_at_exit(config) -> None:
+    """pytest's unraisableexception plugin ends every pytest process with five ``gc.collect()``
+    passes (a count chosen for PyPy, whose finalizers can resurrect objects); with torch and
+    triton loaded each pass walks a large heap, about 0.4 s on a small CI host, in the controller
+    and in every xdist worker. On CPython reference counting frees the rest and one pass finds
+    every cycle, as pytest itself concluded in its later releases. A value already set (pytester
+    sets 0) is kept."""
+    if sys.implementation.name != "cpython":
+        return
+    try:
+        from _pytest.unraisableexception import gc_collect_iterations_key
+    except ImportError:  # another pytest: its own default
+        return
+    if gc_collect_iterations_key not in config.stash:
+        config.stash[gc_collect_iterations_key] = 1
+
+
 def pytest_configure(config) -> None:
+    _one_gc_pass_at_exit(config)
     if _is_worker(config):
         config.pluginmanager.register(WorkerTimeline(config), "kvh-worker-timeline")
         threads = worker_cpu_threads()

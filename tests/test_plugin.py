@@ -179,3 +179,28 @@ def test_threads():
                                            "--results-dir", str(pytester.path / "run"), "-p", "no:cacheprovider",
                                            timeout=120)
     result.assert_outcomes(passed=1)
+
+
+def test_one_gc_pass_ends_a_pytest_process_on_cpython(pytestconfig):
+    unraisable = pytest.importorskip("_pytest.unraisableexception")
+    key = getattr(unraisable, "gc_collect_iterations_key", None)
+    if key is None:
+        pytest.skip("this pytest has no gc_collect_iterations_key")
+    import sys
+
+    expected = 1 if sys.implementation.name == "cpython" else 5
+    assert pytestconfig.stash.get(key, 5) == expected
+
+
+def test_a_gc_pass_count_set_before_is_kept():
+    from types import SimpleNamespace
+
+    from _pytest.stash import Stash
+
+    from harness.plugin import _one_gc_pass_at_exit
+
+    key = pytest.importorskip("_pytest.unraisableexception").gc_collect_iterations_key
+    config = SimpleNamespace(stash=Stash())
+    config.stash[key] = 0
+    _one_gc_pass_at_exit(config)
+    assert config.stash[key] == 0
