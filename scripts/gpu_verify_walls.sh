@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Wall times of `nox -s gpu_verify --no-venv` on this GPU box: the suites cold (fresh CUDA
-# extension and Triton caches) over every GPU, the suites warm over every GPU, then the whole
-# gpu_verify (suites, headline benchmarks, report) warm on GPU 0 alone; each report kept, a
-# table printed last. The suites step of the last run against the second gives the spread.
+# extension and Triton caches) over every GPU, the suites warm over every GPU and on GPU 0
+# alone (the spread), then the whole gpu_verify (suites, headline benchmarks, report) warm on
+# GPU 0; each report kept, a table printed last with where each suites step's time went
+# outside its tests (the run timeline: process start, collection, first and last test).
 #
 #   bash scripts/gpu_verify_walls.sh [FULL_LIMIT_S]
 #
@@ -35,7 +36,9 @@ run() {  # run NAME GPUS LIMIT SESSION [args]
   counts=$(grep -hoE "[0-9]+ (passed|failed|skipped|error)" "$out/$name.log" | tail -4 | paste -sd' ' -)
   local steps
   steps=$(grep -E "^      (suites|benchmarks|report) " "$out/$name.log" | awk '{print $1 " " $(NF-1) " s"}' | paste -sd, -)
-  rows+=("| $name | $gpus | $session $* | $rc | $wall | $steps | $counts |")
+  local where
+  where=$(grep -hoE "\[kvh\] suites: first test at .*" "$out/$name.log" | tail -1 | sed 's/^\[kvh\] suites: //')
+  rows+=("| $name | $gpus | $session $* | $rc | $wall | $steps | $counts | $where |")
   echo "[walls] $name: exit $rc after $wall s ($counts)"
 }
 
@@ -43,11 +46,12 @@ nvidia-smi --query-gpu=index,name,driver_version --format=csv,noheader
 python3 -c "import os, torch, triton; print('torch', torch.__version__, 'triton', triton.__version__, 'cpus', os.cpu_count())"
 run suites-cold-all "$all_gpus" 200 gpu_verify --no-bench
 run suites-warm-all "$all_gpus" 130 gpu_verify --no-bench
+run suites-warm-gpu0 0 130 gpu_verify --no-bench
 run full-warm-gpu0 0 "$full_limit" gpu_verify
 
 {
-  echo "| run | CUDA_VISIBLE_DEVICES | session | exit | wall s | steps | pytest |"
-  echo "| --- | --- | --- | --- | --- | --- | --- |"
+  echo "| run | CUDA_VISIBLE_DEVICES | session | exit | wall s | steps | pytest | suites timeline |"
+  echo "| --- | --- | --- | --- | --- | --- | --- | --- |"
   printf '%s\n' "${rows[@]}"
 } >"$out/walls.md"
 tar czf "$out/walls.tgz" -C "$work" --exclude ext --exclude triton .
