@@ -45,3 +45,24 @@ def test_markdown_summary_escapes_and_shows_the_matrix(legs):
 def test_md_escape_neutralises_markup():
     assert md_escape(f"a|b *c* _d_ {HOSTILE}\nnext") == (
         "a\\|b \\*c\\* \\_d\\_ &lt;script&gt;alert(\"x\")&lt;/script&gt; next")
+
+
+def test_markdown_summary_says_where_each_run_s_time_went(tmp_path):
+    import json
+
+    from synthetic import env_for, rec, write_run
+
+    from harness import timeline
+    from harness.records import MANIFEST_FILE
+
+    timed = write_run(tmp_path / "timed", [rec("bits", "test_a")], leg="L", env=env_for("L", "interpreter"))
+    manifest = json.loads((timed / MANIFEST_FILE).read_text())
+    manifest["timeline"] = timeline.build({"started": 0.0, "first_test": 4.5, "last_test_end": 71.5, "finished": 72.4},
+                                          {"gw0": {"started": 1.0, "first_test": 4.5}})
+    (timed / MANIFEST_FILE).write_text(json.dumps(manifest))
+    md = markdown_summary(summarize(load_results([timed])))
+    (line,) = [ln for ln in md.splitlines() if "first test at" in ln]
+    assert line.endswith("first test at 4.5 s (1 worker ready 4.5 s median, 4.5 s last) \N{MIDDLE DOT} tests 67.0 s "
+                         "\N{MIDDLE DOT} wind-down 0.9 s \N{MIDDLE DOT} session ended at 72.4 s")
+    plain = write_run(tmp_path / "plain", [rec("bits", "test_a")], leg="P", env=env_for("P", "interpreter"))
+    assert "first test at" not in markdown_summary(summarize(load_results([plain])))

@@ -5,6 +5,7 @@ from __future__ import annotations
 import html
 import shutil
 
+from .. import timeline
 from ..records import OUTCOMES
 from .baseline import STATIC_METRICS
 from .fmt import clean_text, first_line, fmt_count, fmt_duration, fmt_err, fmt_sig, fmt_signed_pct
@@ -107,6 +108,11 @@ def markdown_summary(summary: Summary, *, report_name: str | None = None) -> str
             for st in pipeline["steps"])
         out.append(f"  \npipeline {md_escape(pipeline['kind'])}: {steps} \N{MIDDLE DOT} "
                    f"wall time **{pipeline['wall_s']:.1f} s**")
+    for run in summary.runs:
+        for _, manifest in run.parts:
+            line = timeline.describe(manifest.get("timeline"))
+            if line:
+                out.append(f"  \n{md_escape(run.label, 60)}: {md_escape(line)}")
     if summary.incomplete:
         out.append(f"  \n**incomplete run:** {', '.join(md_escape(r.label) for r in summary.incomplete)}")
     if summary.suites:
