@@ -99,9 +99,9 @@ def _text(report) -> str | None:
     return text[-4000:]
 
 
-class WorkerTimeline:
-    """In an xdist worker: this process's moments (timeline.MARKS), handed to the controller
-    through xdist's ``workeroutput`` when the worker ends."""
+class ProcessTimeline:
+    """This process's moments (timeline.MARKS), in the controller and in each xdist worker; a
+    worker hands its marks to the controller through xdist's ``workeroutput`` when it ends."""
 
     def __init__(self, config) -> None:
         self.config = config
@@ -128,7 +128,6 @@ class WorkerTimeline:
 class RecordingPlugin:
     def __init__(self, config) -> None:
         self.config = config
-        self.marks = timeline.Marks()
         self.worker_marks: dict[str, dict] = {}
         leg = config.getoption("leg") or os.environ.get("KVH_LEG")
         from .env import capture
@@ -159,11 +158,11 @@ class RecordingPlugin:
             "counts": {},
         }
         write_json_atomic(self.run_dir / MANIFEST_FILE, self.manifest)
-        self.marks.first("configured")
+        self.process = ProcessTimeline(config)
+        config.pluginmanager.register(self.process, "kvh-timeline")
 
     # -- benchmark progress: one line per timed case as it lands ------------------------
     def pytest_collection_finish(self, session) -> None:
-        self.marks.first("collected")  # under xdist the workers collect: their marks say when
         self.bench_total = sum(1 for item in session.items if item.get_closest_marker("bench"))
 
     def _progress_line(self, record: Record) -> None:
@@ -200,10 +199,6 @@ class RecordingPlugin:
     # -- collecting phases into one record ---------------------------------------
     def pytest_runtest_logstart(self, nodeid, location) -> None:
         self.started[nodeid] = time.monotonic()
-        self.marks.first("first_test")
-
-    def pytest_runtest_logfinish(self, nodeid, location) -> None:
-        self.marks.last("last_test_end")
 
     @pytest.hookimpl(optionalhook=True)
     def pytest_testnodedown(self, node, error) -> None:
@@ -298,8 +293,8 @@ class RecordingPlugin:
                 )
             )
         self.writer.close()
-        self.marks.last("finished")
-        self.manifest["timeline"] = timeline.build(self.marks.times, self.worker_marks)
+        self.process.marks.last("finished")
+        self.manifest["timeline"] = timeline.build(self.process.marks.times, self.worker_marks)
         self.manifest["finished"] = utc_now()
         self.manifest["complete"] = exitstatus in (0, 1) and not session.shouldstop
         self.manifest["exitstatus"] = int(exitstatus)
@@ -381,7 +376,7 @@ def _one_gc_pass_at_exit(config) -> None:
 def pytest_configure(config) -> None:
     _one_gc_pass_at_exit(config)
     if _is_worker(config):
-        config.pluginmanager.register(WorkerTimeline(config), "kvh-worker-timeline")
+        config.pluginmanager.register(ProcessTimeline(config), "kvh-timeline")
         threads = worker_cpu_threads()
         if threads is not None:
             import torch
