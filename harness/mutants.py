@@ -109,6 +109,7 @@ INT8_CORE = "suites/test_int8_core.py"
 INT8_VARIANTS = "suites/test_int8_variants.py"
 AFFINE_BITS = "suites/test_affine_roundtrip.py::test_triton_matches_torch_bit_for_bit"
 AFFINE_KINDS = "suites/test_affine_roundtrip.py::test_kinds_of_groups_reconstruct"
+AFFINE_TILES = "suites/test_affine_roundtrip.py::test_every_tile_shape_writes_the_reference"
 AFFINE_TIES = "suites/test_affine_roundtrip.py::test_exact_ties_round_half_to_even_in_both_backends"
 STREAM = "suites/test_streaming.py::test_append_equals_one_shot"
 FUSED = "suites/test_decode_fused.py"
@@ -279,14 +280,18 @@ CATALOGUE: tuple[Mutant, ...] = (
        "q = tl.floor(y + 0.5).to(tl.int32) + zero.to(tl.int32)",
        "Triton codes round ties up instead of to even", AFFINE_TIES, interpreter_only=True),
     _m("affine-triton-word1-shift", AFFINE,
-       "tl.store(m + 1, ((b >> 8) | (c << 16)).to(tl.int32, bitcast=True))",
-       "tl.store(m + 1, ((b >> 8) | (c << 15)).to(tl.int32, bitcast=True))",
+       "tl.store(m + 1, ((b >> 8) | (c << 16)).to(tl.int32, bitcast=True), mask=mask)",
+       "tl.store(m + 1, ((b >> 8) | (c << 15)).to(tl.int32, bitcast=True), mask=mask)",
        "Triton 3-bit store shifts octet c one bit short in word 3m+1", AFFINE_BITS, SMALL_AFFINE),
     _m("affine-triton-v-group-off-by-one", AFFINE,
-       "p_off = dst_tok * (D // G) + pid_c",
-       "p_off = dst_tok * (D // G) + (pid_c + 1) % (D // G)",
+       "p_off = dst_tok[:, None] * (D // G) + (pid_c * NG + tl.arange(0, NG))[None, :]",
+       "p_off = dst_tok[:, None] * (D // G) + ((pid_c * NG + tl.arange(0, NG) + 1) % (D // G))[None, :]",
        "Triton V scale/zero stored in the neighbouring channel group (off-by-one group)", AFFINE_BITS,
        SMALL_AFFINE, ci=True),
+    _m("affine-triton-v-scale-unmasked", AFFINE,
+       "tl.store(scale + p_off, s.to(scale.dtype.element_ty), mask=row_mask)",
+       "tl.store(scale + p_off, s.to(scale.dtype.element_ty))",
+       "Triton V scales of a last tile's rows past the input written too", AFFINE_TILES, "v-t64"),
     _m("affine-compiled-zero-truncated", AFFINE,
        "return libdevice.rint(y)",
        "return libdevice.trunc(y)",

@@ -1,7 +1,7 @@
 """compute-sanitizer over every GPU kernel at small shapes.
 
 ``python -m harness.sanitize [--tools memcheck racecheck initcheck] [--kernels NAME...]
-[--results-dir DIR] [--sanitizer PATH] [--timeout S] [--list]``
+[--results-dir DIR] [--sanitizer PATH] [--timeout S] [--jobs N] [--list]``
 
 For each kernel of :data:`KERNELS` this module has a driver (``python -m harness.sanitize
 --run-kernel NAME``) that builds small inputs on the GPU, calls the kernel once per
@@ -29,7 +29,9 @@ import os
 import re
 import shutil
 import sys
+import threading
 from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -285,34 +287,50 @@ def run_command(cmd: list[str], env: dict, timeout_s: float) -> tuple[int | None
 
 def run_checks(tools: Sequence[str], kernels: Sequence[str], *, sanitizer: str, timeout_s: float = DEFAULT_TIMEOUT_S,
                python: str = sys.executable, runner: Runner = run_command, progress=print,
-               on_check=None) -> list[Check]:
-    """Each kernel's driver once plainly, then under each tool; one Check per (tool, kernel).
-    ``on_check(check)`` is called as each check is known, so that a run cut short keeps them."""
-    checks = []
-
-    def known(check: Check) -> None:
-        checks.append(check)
-        if on_check is not None:
-            on_check(check)
-
+               on_check=None, jobs: int = 1) -> list[Check]:
+    """Each kernel's driver once plainly, then under each tool; one Check per (tool, kernel),
+    in the order of ``kernels`` then ``tools``. ``on_check(check)`` is called as each check is
+    known, so that a run cut short keeps them. ``jobs`` kernels are checked at once (each in
+    its own processes, its tools one after another)."""
+    if not isinstance(jobs, int) or jobs < 1:
+        raise ValueError(f"jobs must be a positive int; got {jobs!r}")
     env = sanitizer_env()
-    for kernel in kernels:
+    lock = threading.Lock()
+
+    def known(check: Check) -> Check:
+        with lock:
+            if on_check is not None:
+                on_check(check)
+        return check
+
+    def say(line: str) -> None:
+        with lock:
+            progress(line)
+
+    def check_kernel(kernel: str) -> list[Check]:
         rc, out, seconds = runner(driver_command(kernel, python), env, timeout_s)
         if rc != 0:
             tail = " | ".join([line for line in out.strip().splitlines() if line.strip()][-3:])
             why = "timed out" if rc is None else f"exit {rc}"
-            for tool in tools:
-                known(Check(tool, kernel, "error", None, 0, 0.0,
-                            f"the driver fails without the sanitizer ({why}): {tail}"[:500]))
-            progress(f"  {kernel}: driver FAILED without the sanitizer ({why}) {tail}")
-            continue
+            say(f"  {kernel}: driver FAILED without the sanitizer ({why}) {tail}")
+            return [known(Check(tool, kernel, "error", None, 0, 0.0,
+                                f"the driver fails without the sanitizer ({why}): {tail}"[:500])) for tool in tools]
+        found = []
         for tool in tools:
             check = judge(tool, kernel, *runner(sanitizer_command(sanitizer, tool, kernel, python), env, timeout_s))
             errors = "?" if check.errors is None else check.errors
-            progress(f"  {tool:<9} {kernel:<16} {check.outcome:<7} errors {errors} ({check.seconds:.0f} s)"
-                     + (f": {check.detail}" if check.outcome != "passed" and check.detail else ""))
-            known(check)
-    return checks
+            say(f"  {tool:<9} {kernel:<16} {check.outcome:<7} errors {errors} ({check.seconds:.0f} s)"
+                + (f": {check.detail}" if check.outcome != "passed" and check.detail else ""))
+            found.append(known(check))
+        return found
+
+    if jobs == 1:
+        return [check for kernel in kernels for check in check_kernel(kernel)]
+    pool = ThreadPoolExecutor(max_workers=min(jobs, max(1, len(kernels))))
+    try:
+        return [check for per_kernel in pool.map(check_kernel, kernels) for check in per_kernel]
+    finally:  # an interrupt (a command limit) does not wait for the kernels not yet started
+        pool.shutdown(wait=False, cancel_futures=True)
 
 
 def table(checks: Sequence[Check], tools: Sequence[str]) -> str:
@@ -361,6 +379,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT_S, metavar="S",
                         help="seconds one run may take (default %(default)s)")
     parser.add_argument("--leg", default=None, help="version-leg name stored in the records")
+    parser.add_argument("--jobs", type=int, default=1, metavar="N",
+                        help="kernels checked at once, each its tools in turn (default %(default)s)")
     parser.add_argument("--list", action="store_true", help="print the kernels and tools and exit")
     parser.add_argument("--run-kernel", choices=tuple(KERNELS), help=argparse.SUPPRESS)
     return parser
@@ -386,7 +406,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     run = StreamedRun(run_dir, kind="sanitize", leg=args.leg, args=sys.argv[1:] if argv is None else list(argv),
                       started=started, sanitizer=sanitizer)
     checks = run_checks(args.tools, args.kernels, sanitizer=sanitizer, timeout_s=args.timeout,
-                        progress=lambda s: print(s, flush=True), on_check=lambda c: run.add(c.record()))
+                        progress=lambda s: print(s, flush=True), on_check=lambda c: run.add(c.record()),
+                        jobs=args.jobs)
     run.finish()
     print(table(checks, args.tools), flush=True)
     print(f"records: {run_dir / 'records.jsonl'}", flush=True)

@@ -33,6 +33,8 @@ in :mod:`kernels.kv_cache`.
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import torch
 import triton
 import triton.language as tl
@@ -247,30 +249,33 @@ def _codes(x, inv, zero, BITS: tl.constexpr, INTERPRET: tl.constexpr):
 
 
 @triton.jit
-def _store_codes(codes, base, q, G: tl.constexpr, BITS: tl.constexpr):
-    """Pack uint32 codes q [G, G] row by row into the canonical stream and store it as int32 words.
+def _store_codes(codes, base, q, mask, BITS: tl.constexpr):
+    """Pack uint32 codes q [R, C] row by row into the canonical stream and store it as int32 words.
 
-    codes: uint8 pointer; codes + base[r] is the first byte of row r's G*BITS/8 bytes
-    (a multiple of 4). BITS in (2, 4, 8): 32/BITS values per word. BITS = 3: each 32
-    values m are 96 bits: four 24-bit octets a, b, c, d (v0 | v1 << 3 | ... | v7 << 21)
-    give words 3m = a | b << 24, 3m+1 = b >> 8 | c << 16, 3m+2 = c >> 16 | d << 8.
+    codes: uint8 pointer; codes + base[r] is the first byte of row r's C*BITS/8 bytes
+    (a multiple of 4); mask [R, 1] or None: the rows to write. BITS in (2, 4, 8):
+    32/BITS values per word. BITS = 3: each 32 values m are 96 bits: four 24-bit octets
+    a, b, c, d (v0 | v1 << 3 | ... | v7 << 21) give words 3m = a | b << 24,
+    3m+1 = b >> 8 | c << 16, 3m+2 = c >> 16 | d << 8.
     """
+    R: tl.constexpr = q.shape[0]
+    C: tl.constexpr = q.shape[1]
     word_ptr = codes.to(tl.pointer_type(tl.int32)) + base // 4
     if BITS == 3:
         lanes = (tl.arange(0, 8) * 3).to(tl.uint32)
-        octets = tl.sum(tl.reshape(q, [G, G // 32, 4, 8]) << lanes[None, None, None, :], axis=3)
-        ac, bd = tl.split(tl.reshape(octets, [G, G // 32, 2, 2]))
+        octets = tl.sum(tl.reshape(q, [R, C // 32, 4, 8]) << lanes[None, None, None, :], axis=3)
+        ac, bd = tl.split(tl.reshape(octets, [R, C // 32, 2, 2]))
         a, c = tl.split(ac)
         b, d = tl.split(bd)
-        m = word_ptr + tl.arange(0, G // 32)[None, :] * 3
-        tl.store(m, (a | (b << 24)).to(tl.int32, bitcast=True))
-        tl.store(m + 1, ((b >> 8) | (c << 16)).to(tl.int32, bitcast=True))
-        tl.store(m + 2, ((c >> 16) | (d << 8)).to(tl.int32, bitcast=True))
+        m = word_ptr + tl.arange(0, C // 32)[None, :] * 3
+        tl.store(m, (a | (b << 24)).to(tl.int32, bitcast=True), mask=mask)
+        tl.store(m + 1, ((b >> 8) | (c << 16)).to(tl.int32, bitcast=True), mask=mask)
+        tl.store(m + 2, ((c >> 16) | (d << 8)).to(tl.int32, bitcast=True), mask=mask)
     else:
         VPW: tl.constexpr = 32 // BITS
         lanes = (tl.arange(0, VPW) * BITS).to(tl.uint32)
-        words = tl.sum(tl.reshape(q, [G, G // VPW, VPW]) << lanes[None, None, :], axis=2)  # disjoint bits
-        tl.store(word_ptr + tl.arange(0, G // VPW)[None, :], words.to(tl.int32, bitcast=True))
+        words = tl.sum(tl.reshape(q, [R, C // VPW, VPW]) << lanes[None, None, :], axis=2)  # disjoint bits
+        tl.store(word_ptr + tl.arange(0, C // VPW)[None, :], words.to(tl.int32, bitcast=True), mask=mask)
 
 
 @triton.jit
@@ -280,55 +285,100 @@ def _quantize_kernel(
     stride_b, stride_h, stride_t, stride_d,
     D: tl.constexpr, G: tl.constexpr, BITS: tl.constexpr, PER_CHANNEL: tl.constexpr,
     SCALE_FP16: tl.constexpr, FLOOR: tl.constexpr, INTERPRET: tl.constexpr,
+    TOKENS: tl.constexpr, CHANNELS: tl.constexpr, EVEN_TOKENS: tl.constexpr,
 ):
-    """Quantize one [G tokens, G channels] tile of K (PER_CHANNEL) or V into the cache.
+    """Quantize one [TOKENS, CHANNELS] tile of K (PER_CHANNEL) or V into the cache.
 
     src:   fp16/bf16/fp32 [B, H, src_tokens, D] (any strides), src_tokens a multiple of G
     codes: uint8 [B, H, capacity, D*BITS/8]
     scale, zero: fp16/fp32, K: [B, H, capacity/G, D]; V: [B, H, capacity, D/G]
-    Source token t lands at cache token tok_offset + t (tok_offset a multiple of G).
-    Grid: (src_tokens / G, D / G, B * H). Every input element is read once.
+    Tile: K takes TOKENS == G tokens (one group per channel); V takes any power-of-two
+    TOKENS (rows past src_tokens masked unless EVEN_TOKENS); CHANNELS is a multiple of G
+    dividing D. Source token t lands at cache token tok_offset + t (tok_offset a multiple
+    of G). Grid: (cdiv(src_tokens, TOKENS), D / CHANNELS, B * H). Every input element is
+    read once.
     """
     pid_t = tl.program_id(0)
     pid_c = tl.program_id(1)
     bh = tl.program_id(2).to(tl.int64)
     b = bh // heads
     h = bh % heads
-    rows = tl.arange(0, G)
-    cols = tl.arange(0, G)
-    tok = pid_t * G + rows  # source tokens of this tile
-    chan = pid_c * G + cols
+    tok = pid_t * TOKENS + tl.arange(0, TOKENS)  # source tokens of this tile
+    chan = pid_c * CHANNELS + tl.arange(0, CHANNELS)
     ptrs = src + b * stride_b + h * stride_h + tok.to(tl.int64)[:, None] * stride_t + chan[None, :] * stride_d
-    x_in = tl.load(ptrs)  # min and max are exact in the input dtype (fp16: two per instruction)
-    x = x_in.to(tl.float32)
+    if EVEN_TOKENS:
+        row_mask = None
+        x_in = tl.load(ptrs)  # min and max are exact in the input dtype (fp16: two per instruction)
+    else:
+        row_mask = (tok < src_tokens)[:, None]
+        x_in = tl.load(ptrs, mask=row_mask, other=0.0)
     dst_tok = bh * capacity + tok_offset + tok  # cache row of each token, int64
     if PER_CHANNEL:
         lo, hi = _group_range(x_in, 0, INTERPRET)
         s, z, inv = _affine_params_tl(lo, hi, BITS, SCALE_FP16, FLOOR, INTERPRET)
-        q = _codes(x, inv[None, :], z[None, :], BITS, INTERPRET)
+        q = _codes(x_in.to(tl.float32), inv[None, :], z[None, :], BITS, INTERPRET)
         group_row = bh * (capacity // G) + (tok_offset // G) + pid_t
         p_off = group_row * D + chan
+        tl.store(scale + p_off, s.to(scale.dtype.element_ty))
+        tl.store(zero + p_off, z.to(zero.dtype.element_ty))
     else:
-        lo, hi = _group_range(x_in, 1, INTERPRET)
+        NG: tl.constexpr = CHANNELS // G  # groups per row of the tile
+        xg = tl.reshape(x_in, [TOKENS, NG, G])
+        lo, hi = _group_range(xg, 2, INTERPRET)
         s, z, inv = _affine_params_tl(lo, hi, BITS, SCALE_FP16, FLOOR, INTERPRET)
-        q = _codes(x, inv[:, None], z[:, None], BITS, INTERPRET)
-        p_off = dst_tok * (D // G) + pid_c
-    tl.store(scale + p_off, s.to(scale.dtype.element_ty))
-    tl.store(zero + p_off, z.to(zero.dtype.element_ty))
+        q = tl.reshape(_codes(xg.to(tl.float32), inv[:, :, None], z[:, :, None], BITS, INTERPRET),
+                       [TOKENS, CHANNELS])
+        p_off = dst_tok[:, None] * (D // G) + (pid_c * NG + tl.arange(0, NG))[None, :]
+        tl.store(scale + p_off, s.to(scale.dtype.element_ty), mask=row_mask)
+        tl.store(zero + p_off, z.to(zero.dtype.element_ty), mask=row_mask)
     row_bytes: tl.constexpr = D * BITS // 8
-    tile_bytes: tl.constexpr = G * BITS // 8
-    _store_codes(codes, dst_tok[:, None] * row_bytes + pid_c * tile_bytes, q, G, BITS)
+    tile_bytes: tl.constexpr = CHANNELS * BITS // 8
+    _store_codes(codes, dst_tok[:, None] * row_bytes + pid_c * tile_bytes, q, row_mask, BITS)
 
 
-def _num_warps(group_size: int, per_channel: bool) -> int:
-    # measured on an H200 (fp16 [8, 8, 32768, 128]): K reduces across rows and wants few
-    # warps per [G, G] tile, V reduces within rows
-    return {32: 1, 64: 1, 128: 4}[group_size] if per_channel else {32: 1, 64: 2, 128: 8}[group_size]
+class QuantizeTile(NamedTuple):
+    """One program's tile of the quantize kernel: tokens x channels, and its warps."""
+
+    tokens: int
+    channels: int
+    warps: int
 
 
-def _launch_quantize(x, codes, scale, zero, tok_offset, group_size, bits, per_channel) -> None:
+# measured on an H200 (fp16 [8, 8, 32768, 128]): K reduces across rows and wants few
+# warps per [G, G] tile, V reduces within rows
+_DEFAULT_TILES = {
+    (True, 32): QuantizeTile(32, 32, 1), (True, 64): QuantizeTile(64, 64, 1), (True, 128): QuantizeTile(128, 128, 4),
+    (False, 32): QuantizeTile(32, 32, 1), (False, 64): QuantizeTile(64, 64, 2),
+    (False, 128): QuantizeTile(128, 128, 8),
+}
+
+
+def default_tile(group_size: int, per_channel: bool, head_dim: int) -> QuantizeTile:
+    """The tile a launch uses unless told otherwise; its channels never exceed head_dim."""
+    tile = _DEFAULT_TILES[per_channel, group_size]
+    return tile._replace(channels=min(tile.channels, head_dim))
+
+
+def check_tile(tile: QuantizeTile, group_size: int, per_channel: bool, head_dim: int) -> None:
+    """ValueError naming the field when ``tile`` cannot quantize groups of group_size."""
+    tokens, channels, warps = tile
+    for name, n in (("tokens", tokens), ("channels", channels), ("warps", warps)):
+        if not isinstance(n, int) or n < 1 or n & (n - 1):
+            raise ValueError(f"tile.{name} must be a power of two; got {n!r}")
+    if per_channel and tokens != group_size:
+        raise ValueError(f"tile.tokens must equal group_size={group_size} for K (per-channel groups); got {tokens}")
+    if channels % group_size or head_dim % channels:
+        raise ValueError(f"tile.channels must be a multiple of group_size={group_size} dividing D={head_dim}; "
+                         f"got {channels}")
+    if not per_channel and tokens < 2:
+        raise ValueError(f"tile.tokens must be at least 2; got {tokens}")
+
+
+def _launch_quantize(x, codes, scale, zero, tok_offset, group_size, bits, per_channel, tile=None) -> None:
     b, h, t, d = x.shape
-    grid = (t // group_size, d // group_size, b * h)
+    tile = default_tile(group_size, per_channel, d) if tile is None else tile
+    check_tile(tile, group_size, per_channel, d)
+    grid = (triton.cdiv(t, tile.tokens), d // tile.channels, b * h)
     with on_device(x.device):
         _quantize_kernel[grid](
             x, codes, scale, zero,
@@ -336,7 +386,8 @@ def _launch_quantize(x, codes, scale, zero, tok_offset, group_size, bits, per_ch
             *x.stride(),
             D=d, G=group_size, BITS=bits, PER_CHANNEL=per_channel,
             SCALE_FP16=scale.dtype == torch.float16, FLOOR=SCALE_FLOOR[scale.dtype],
-            INTERPRET=triton_interpreted(), num_warps=_num_warps(group_size, per_channel),
+            INTERPRET=triton_interpreted(), TOKENS=tile.tokens, CHANNELS=tile.channels,
+            EVEN_TOKENS=t % tile.tokens == 0, num_warps=tile.warps,
         )
     # torch does not see a kernel's writes: bump the version counters so that views built
     # from these tensors (the decode arrangement) know they changed
@@ -560,6 +611,7 @@ def _aot_specs() -> list[AotSpec]:
     for dtype, bits, group_size, scale_dtype in _aot_configs():
         for per_channel in (True, False):
             side = "k" if per_channel else "v"
+            tile = default_tile(group_size, per_channel, 128)
             name = f"quantize_{side}_{_dtype_name(dtype)}_b{bits}_g{group_size}_{_dtype_name(scale_dtype)}"
             stype = _TRITON_TYPES[scale_dtype]
             signature = {
@@ -570,9 +622,9 @@ def _aot_specs() -> list[AotSpec]:
             constexprs = {
                 "stride_d": 1, "D": 128, "G": group_size, "BITS": bits, "PER_CHANNEL": per_channel,
                 "SCALE_FP16": scale_dtype == torch.float16, "FLOOR": SCALE_FLOOR[scale_dtype],
-                "INTERPRET": False,
+                "INTERPRET": False, "TOKENS": tile.tokens, "CHANNELS": tile.channels, "EVEN_TOKENS": True,
             }
-            specs.append(AotSpec(name, _quantize_kernel, signature, constexprs, _num_warps(group_size, per_channel),
+            specs.append(AotSpec(name, _quantize_kernel, signature, constexprs, tile.warps,
                                  divisible_ints=_CONTIGUOUS_MULTIPLES))
     return specs
 

@@ -12,6 +12,8 @@
 # Results: $OUT (else reports/runs)/gpu-mutants-<part>/ and gpu-sanitize/, the report at
 # $OUT/mutants-report.html. Environment: KVH_MUTANT_JOBS (parallel mutants, default 4),
 # KVH_EXT_DIR (CUDA extension builds, default /tmp/kvh_ext, kept across parts),
+# KVH_SANITIZE_JOBS (kernels under the sanitizer at once, default 4), KVH_SANITIZE_KERNELS
+# (a space-separated subset of `python -m harness.sanitize --list`, default every kernel),
 # COMPUTE_SANITIZER (the executable when it is not on PATH or in /usr/local/cuda*/bin).
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -33,7 +35,9 @@ mutants() {  # mutants NAME MATCH...
 
 sanitize() {
   rm -rf "$out/gpu-sanitize"
-  python -m harness.sanitize --results-dir "$out/gpu-sanitize" || status=1
+  # shellcheck disable=SC2086  # KVH_SANITIZE_KERNELS is a list of names
+  python -m harness.sanitize --results-dir "$out/gpu-sanitize" --jobs "${KVH_SANITIZE_JOBS:-4}" \
+    ${KVH_SANITIZE_KERNELS:+--kernels $KVH_SANITIZE_KERNELS} || status=1
 }
 
 report() {

@@ -28,6 +28,8 @@ from hypothesis import strategies as st
 import kernels
 from kernels.affine import (
     SCALE_FLOOR,
+    QuantizeTile,
+    _launch_quantize,
     affine_params,
     dequantize_codes,
     quantize_codes,
@@ -182,6 +184,55 @@ def test_kernel_writes_only_its_rows(record, seed, device, backend, bits):
             assert bool((outside == 0xFF).all()), f"{name} written outside its rows"
     record.backend, record.variant, record.device = backend, f"b{bits}-offset{offset}-strided", device
     record.add(states_checked=elements(ref), bit_errors=0)
+
+
+_TILES = [  # (per_channel, tokens, channels, warps) at G=32, D=64: one group, whole rows, rows past the end
+    (True, 32, 32, 1), (True, 32, 64, 2), (False, 32, 32, 1), (False, 64, 64, 2), (False, 128, 32, 4),
+    (False, 2, 64, 1),
+]
+
+
+@pytest.mark.parametrize(("device", "backend"), [p for p in device_backends() if "triton" in p.id])
+@pytest.mark.parametrize(("per_channel", "tokens", "channels", "warps"), _TILES,
+                         ids=[f"{'k' if t[0] else 'v'}-t{t[1]}-c{t[2]}-w{t[3]}" for t in _TILES])
+def test_every_tile_shape_writes_the_reference(record, seed, device, backend, per_channel, tokens, channels, warps):
+    """Each tile a launch may take (several groups per row, many tokens per program, a last
+    program past the end) writes exactly the reference's codes, scales and zeros into a
+    poisoned cache at a token offset, and nothing outside the target rows."""
+    g, d, offset, t, bits = 32, 64, 32, 96, 3
+    qkv = QuantizedKV.empty(2, 3, d, bits=bits, group_size=g, capacity=192, device=device)
+    poison(qkv)
+    k, v = random_kv((2, 3, t, d), torch.float16, device, seed=seed, kind="outliers")
+    x = k if per_channel else v
+    side = "k" if per_channel else "v"
+    codes, scale, zero = (getattr(qkv, f"{side}_{f}") for f in ("codes", "scale", "zero"))
+    _launch_quantize(x, codes, scale, zero, offset, g, bits, per_channel, QuantizeTile(tokens, channels, warps))
+    ref = quantize(k, v, bits, g, "torch")
+    rows = slice(offset, offset + t)
+    params = slice(offset // g, (offset + t) // g) if per_channel else rows
+    for name, sel in (("codes", rows), ("scale", params), ("zero", params)):
+        got, want = getattr(qkv, f"{side}_{name}"), getattr(ref, f"{side}_{name}")
+        assert torch.equal(got[:, :, sel], want[:, :, : sel.stop - sel.start]), name
+        outside = torch.cat([got[:, :, : sel.start], got[:, :, sel.stop:]], dim=2)
+        untouched = outside.isnan().all() if outside.is_floating_point() else (outside == 0xFF).all()
+        assert bool(untouched), f"{side}_{name} written outside its rows"
+    record.backend, record.variant, record.device = backend, f"{side}-t{tokens}-c{channels}-w{warps}", device
+    record.add(states_checked=x.numel(), bit_errors=0)
+
+
+@pytest.mark.parametrize(("tile", "per_channel", "match"), [
+    (QuantizeTile(64, 32, 1), True, "tile.tokens must equal group_size"),
+    (QuantizeTile(32, 48, 1), False, "tile.channels must be a power of two"),
+    (QuantizeTile(32, 16, 1), False, "tile.channels must be a multiple of group_size"),
+    (QuantizeTile(32, 128, 1), True, "dividing D=64"),
+    (QuantizeTile(32, 32, 3), False, "tile.warps must be a power of two"),
+    (QuantizeTile(1, 32, 1), False, "tile.tokens must be at least 2"),
+])
+def test_bad_tile_is_a_value_error_naming_the_field(tile, per_channel, match):
+    x = torch.randn(1, 1, 32, 64, dtype=torch.float16)
+    qkv = QuantizedKV.empty(1, 1, 64, bits=3, group_size=32, capacity=32)
+    with pytest.raises(ValueError, match=match):
+        _launch_quantize(x, qkv.k_codes, qkv.k_scale, qkv.k_zero, 0, 32, 3, per_channel, tile)
 
 
 @settings(max_examples=200, deadline=None)

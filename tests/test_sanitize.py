@@ -6,6 +6,8 @@ from __future__ import annotations
 import os
 import stat
 import sys
+import threading
+import time
 
 import pytest
 import torch
@@ -164,6 +166,34 @@ def test_run_checks_records_and_report(tmp_path):
     assert report_main(["report", str(run_dir), "-o", str(html)]) == 0
     page = html.read_text(encoding="utf-8")
     assert "racecheck:decode-triton" in page and "memcheck:int8-tiled" in page
+
+
+def test_jobs_check_kernels_at_once_and_keep_the_order(tmp_path):
+    """--jobs N runs N kernels' checks side by side; the checks come back in the serial order."""
+    outputs = {("racecheck", "decode-triton"): (0, RACECHECK_DIRTY)}
+    kernels = ["packing-cuda", "int8-tiled", "decode-triton", "affine-triton"]
+    serial = sanitize.run_checks(["memcheck", "racecheck"], kernels, sanitizer="/opt/cs",
+                                 runner=_fake_runner(outputs, []), progress=lambda s: None)
+    running, peak, lock = [0], [0], threading.Lock()
+    inner = _fake_runner(outputs, [])
+
+    def slow_runner(cmd, env, timeout_s):
+        with lock:
+            running[0] += 1
+            peak[0] = max(peak[0], running[0])
+        time.sleep(0.05)
+        with lock:
+            running[0] -= 1
+        return inner(cmd, env, timeout_s)
+
+    seen = []
+    parallel = sanitize.run_checks(["memcheck", "racecheck"], kernels, sanitizer="/opt/cs", runner=slow_runner,
+                                   progress=lambda s: None, on_check=seen.append, jobs=3)
+    assert [(c.tool, c.kernel, c.outcome) for c in parallel] == [(c.tool, c.kernel, c.outcome) for c in serial]
+    assert sorted((c.tool, c.kernel) for c in seen) == sorted((c.tool, c.kernel) for c in serial)
+    assert peak[0] == 3
+    with pytest.raises(ValueError, match="jobs must be a positive int"):
+        sanitize.run_checks(["memcheck"], kernels, sanitizer="/opt/cs", runner=inner, jobs=0)
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the message on a machine without a GPU")

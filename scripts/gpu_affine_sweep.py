@@ -1,0 +1,119 @@
+"""Tile sweep of the affine quantize kernel on a GPU, K and V apart, against the copy bandwidth
+measured in the same run: which tile (tokens x channels per program, warps) moves the issue's
+fp16 [8, 8, 32768, 128] cache fastest.
+
+    PYTHONUNBUFFERED=1 python scripts/gpu_affine_sweep.py [--out DIR] [--bits 3] [--group-size 64]
+
+Every tile's cache (codes, scales, zeros) is compared bit for bit with the torch reference's
+before it is timed; a wrong tile is reported and not timed. Bytes per side: the input read
+once, codes, scales and zeros written once. Writes affine_sweep.json under --out (default $OUT
+or reports/affine) and prints the table last, with the best K + best V against the default.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+import torch  # noqa: E402
+
+from harness.timing import copy_bandwidth_gbps, median_ms  # noqa: E402
+from kernels.affine import QuantizeTile, _launch_quantize, default_tile, quantize_into  # noqa: E402
+from kernels.kv_cache import QuantizedKV  # noqa: E402
+
+SHAPE = (8, 8, 32768, 128)
+
+
+def tiles(per_channel: bool, group_size: int, head_dim: int):
+    """Every tile worth timing for one side (K tiles hold exactly one group of tokens)."""
+    channels = [c for c in (group_size, 2 * group_size, head_dim) if c <= head_dim and head_dim % c == 0]
+    token_choices = [group_size] if per_channel else [t for t in (16, 32, 64, 128, 256) if t >= 16]
+    for tokens in token_choices:
+        for ch in sorted(set(channels)):
+            for warps in (1, 2, 4, 8):
+                if 8 <= tokens * ch // (32 * warps) <= 256:  # elements per thread
+                    yield QuantizeTile(tokens, ch, warps)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", default=os.environ.get("OUT") or str(ROOT / "reports" / "affine"))
+    parser.add_argument("--bits", type=int, default=3)
+    parser.add_argument("--group-size", type=int, default=64)
+    args = parser.parse_args()
+    bits, g = args.bits, args.group_size
+    b, h, s, d = SHAPE
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    k = torch.randn(SHAPE, device="cuda", dtype=torch.float16, generator=gen)
+    v = torch.randn(SHAPE, device="cuda", dtype=torch.float16, generator=gen)
+    k[..., ::16] = k[..., ::16] * 30 + 7  # outlier channels
+
+    def empty():
+        return QuantizedKV.empty(b, h, d, bits=bits, group_size=g, capacity=s, dtype=torch.float16, device="cuda")
+
+    ref = empty()
+    quantize_into(ref, k, v, 0, "torch")
+    copy = copy_bandwidth_gbps()
+    rows = []
+    for per_channel, x, side in ((True, k, "k"), (False, v, "v")):
+        fields = [f"{side}_{f}" for f in ("codes", "scale", "zero")]
+        moved = x.numel() * x.element_size() + sum(getattr(ref, f).numel() * getattr(ref, f).element_size()
+                                                   for f in fields)
+        default = default_tile(g, per_channel, d)
+        for tile in tiles(per_channel, g, d):
+            got = empty()
+            for f in fields:
+                getattr(got, f).fill_(0xFF if f.endswith("codes") else float("nan"))
+            codes, scale, zero = (getattr(got, f) for f in fields)
+
+            def launch(x=x, codes=codes, scale=scale, zero=zero, per_channel=per_channel, tile=tile):
+                _launch_quantize(x, codes, scale, zero, 0, g, bits, per_channel, tile)
+
+            try:
+                launch()
+                torch.cuda.synchronize()
+                ok = all(torch.equal(getattr(got, f).view(torch.uint8), getattr(ref, f).view(torch.uint8))
+                         for f in fields)
+                error = None
+            except Exception as exc:  # a tile that does not compile is a row, not the end of the sweep
+                ok, error = False, f"{type(exc).__name__}: {str(exc).splitlines()[0][:120]}"
+            ms = median_ms(launch) if ok else None
+            gbps = moved / (ms * 1e-3) / 1e9 if ok else None
+            row = {"side": side, "tokens": tile.tokens, "channels": tile.channels, "warps": tile.warps,
+                   "default": tile == default, "correct": ok, "error": error, "ms": ms, "gbps": gbps,
+                   "pct_of_copy": 100 * gbps / copy if ok else None, "bytes": moved}
+            rows.append(row)
+            name = f"{side} t{tile.tokens} c{tile.channels} w{tile.warps}{' (default)' if row['default'] else ''}"
+            timing = f"{ms:8.4f} ms {row['pct_of_copy']:6.1f}% of copy" if ok else (error or "WRONG")
+            print(f"{name:<28} {timing}", flush=True)
+            del got
+    out_dir = Path(args.out)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    (out_dir / "affine_sweep.json").write_text(json.dumps(
+        {"gpu": torch.cuda.get_device_name(0), "copy_gbps": copy, "shape": list(SHAPE), "bits": bits,
+         "group_size": g, "rows": rows}, indent=2) + "\n")
+    print(f"\ncopy {copy:,.0f} GB/s; bits {bits} G={g} fp16 {list(SHAPE)}; best per side:")
+    best, default = {}, {}
+    for side in ("k", "v"):
+        timed = sorted((r for r in rows if r["side"] == side and r["correct"]), key=lambda r: r["ms"])
+        for r in timed[:4]:
+            print(f"  {side} t{r['tokens']:<4} c{r['channels']:<4} w{r['warps']:<2} {r['ms']:.4f} ms "
+                  f"{r['pct_of_copy']:.1f}% of copy{' (default)' if r['default'] else ''}")
+        best[side] = timed[0] if timed else None
+        default[side] = next((r for r in rows if r["side"] == side and r["default"]), None)
+    for label, pick in (("default", default), ("best", best)):
+        if pick["k"] and pick["v"] and pick["k"]["correct"] and pick["v"]["correct"]:
+            ms = pick["k"]["ms"] + pick["v"]["ms"]
+            moved = pick["k"]["bytes"] + pick["v"]["bytes"]
+            print(f"  K + V {label}: {ms:.4f} ms, {100 * moved / (ms * 1e-3) / 1e9 / copy:.1f}% of copy")
+    return 0 if all(r["correct"] for r in rows) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
