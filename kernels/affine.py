@@ -249,6 +249,21 @@ def _codes(x, inv, zero, BITS: tl.constexpr, INTERPRET: tl.constexpr):
 
 
 @triton.jit
+def _columns_of_four(w):
+    """The four columns of w [R, N, 4] along its last dim, each [R, N]."""
+    even, odd = tl.split(tl.reshape(w, [w.shape[0], w.shape[1], 2, 2]))  # (m0, m2), (m1, m3)
+    m0, m2 = tl.split(even)
+    m1, m3 = tl.split(odd)
+    return m0, m1, m2, m3
+
+
+@triton.jit
+def _quad(p, q, r, s):
+    """[R, N, 4] whose last dim is (p, q, r, s), from four [R, N] tensors."""
+    return tl.reshape(tl.join(tl.join(p, r), tl.join(q, s)), [p.shape[0], p.shape[1], 4])
+
+
+@triton.jit
 def _store_codes(codes, base, q, mask, BITS: tl.constexpr):
     """Pack uint32 codes q [R, C] row by row into the canonical stream and store it as int32 words.
 
@@ -256,7 +271,10 @@ def _store_codes(codes, base, q, mask, BITS: tl.constexpr):
     (a multiple of 4); mask [R, 1] or None: the rows to write. BITS in (2, 4, 8):
     32/BITS values per word. BITS = 3: each 32 values m are 96 bits: four 24-bit octets
     a, b, c, d (v0 | v1 << 3 | ... | v7 << 21) give words 3m = a | b << 24,
-    3m+1 = b >> 8 | c << 16, 3m+2 = c >> 16 | d << 8.
+    3m+1 = b >> 8 | c << 16, 3m+2 = c >> 16 | d << 8. When C is a multiple of 128, each
+    128 values (48 bytes) are stored as three 16-byte vectors of 4 consecutive words
+    (rows 16-byte aligned: one wide store each); otherwise each word k of every 32 values
+    is stored with its own 4-byte store.
     """
     R: tl.constexpr = q.shape[0]
     C: tl.constexpr = q.shape[1]
@@ -267,10 +285,24 @@ def _store_codes(codes, base, q, mask, BITS: tl.constexpr):
         ac, bd = tl.split(tl.reshape(octets, [R, C // 32, 2, 2]))
         a, c = tl.split(ac)
         b, d = tl.split(bd)
-        m = word_ptr + tl.arange(0, C // 32)[None, :] * 3
-        tl.store(m, (a | (b << 24)).to(tl.int32, bitcast=True), mask=mask)
-        tl.store(m + 1, ((b >> 8) | (c << 16)).to(tl.int32, bitcast=True), mask=mask)
-        tl.store(m + 2, ((c >> 16) | (d << 8)).to(tl.int32, bitcast=True), mask=mask)
+        w0 = (a | (b << 24)).to(tl.int32, bitcast=True)
+        w1 = ((b >> 8) | (c << 16)).to(tl.int32, bitcast=True)
+        w2 = ((c >> 16) | (d << 8)).to(tl.int32, bitcast=True)
+        if C % 128 == 0:
+            N: tl.constexpr = C // 128  # 48-byte runs of 4 x 32 values per row
+            x0, x1, x2, x3 = _columns_of_four(tl.reshape(w0, [R, N, 4]))
+            y0, y1, y2, y3 = _columns_of_four(tl.reshape(w1, [R, N, 4]))
+            z0, z1, z2, z3 = _columns_of_four(tl.reshape(w2, [R, N, 4]))
+            run = word_ptr[:, :, None] + tl.arange(0, N)[None, :, None] * 12 + tl.arange(0, 4)[None, None, :]
+            run_mask = None if mask is None else mask[:, :, None]
+            tl.store(run, _quad(x0, y0, z0, x1), mask=run_mask)
+            tl.store(run + 4, _quad(y1, z1, x2, y2), mask=run_mask)
+            tl.store(run + 8, _quad(z2, x3, y3, z3), mask=run_mask)
+        else:
+            m = word_ptr + tl.arange(0, C // 32)[None, :] * 3
+            tl.store(m, w0, mask=mask)
+            tl.store(m + 1, w1, mask=mask)
+            tl.store(m + 2, w2, mask=mask)
     else:
         VPW: tl.constexpr = 32 // BITS
         lanes = (tl.arange(0, VPW) * BITS).to(tl.uint32)

@@ -186,20 +186,23 @@ def test_kernel_writes_only_its_rows(record, seed, device, backend, bits):
     record.add(states_checked=elements(ref), bit_errors=0)
 
 
-_TILES = [  # (per_channel, tokens, channels, warps) at G=32, D=64: one group, whole rows, rows past the end
-    (True, 32, 32, 1), (True, 32, 64, 2), (False, 32, 32, 1), (False, 64, 64, 2), (False, 128, 32, 4),
-    (False, 2, 64, 1),
+_TILES = [  # (per_channel, tokens, channels, warps, D) at G=32: one group, whole rows, rows past the end,
+    # and 128-value runs (three 16-byte stores per 48 bytes) once and twice per row
+    (True, 32, 32, 1, 64), (True, 32, 64, 2, 64), (False, 32, 32, 1, 64), (False, 64, 64, 2, 64),
+    (False, 128, 32, 4, 64), (False, 2, 64, 1, 64), (True, 32, 128, 2, 128), (False, 64, 128, 4, 256),
+    (True, 32, 256, 4, 256), (False, 16, 256, 1, 256),
 ]
 
 
 @pytest.mark.parametrize(("device", "backend"), [p for p in device_backends() if "triton" in p.id])
-@pytest.mark.parametrize(("per_channel", "tokens", "channels", "warps"), _TILES,
-                         ids=[f"{'k' if t[0] else 'v'}-t{t[1]}-c{t[2]}-w{t[3]}" for t in _TILES])
-def test_every_tile_shape_writes_the_reference(record, seed, device, backend, per_channel, tokens, channels, warps):
+@pytest.mark.parametrize(("per_channel", "tokens", "channels", "warps", "d"), _TILES,
+                         ids=[f"{'k' if t[0] else 'v'}-t{t[1]}-c{t[2]}-w{t[3]}-d{t[4]}" for t in _TILES])
+def test_every_tile_shape_writes_the_reference(record, seed, device, backend, per_channel, tokens, channels, warps,
+                                               d):
     """Each tile a launch may take (several groups per row, many tokens per program, a last
     program past the end) writes exactly the reference's codes, scales and zeros into a
     poisoned cache at a token offset, and nothing outside the target rows."""
-    g, d, offset, t, bits = 32, 64, 32, 96, 3
+    g, offset, t, bits = 32, 32, 96, 3
     qkv = QuantizedKV.empty(2, 3, d, bits=bits, group_size=g, capacity=192, device=device)
     poison(qkv)
     k, v = random_kv((2, 3, t, d), torch.float16, device, seed=seed, kind="outliers")
@@ -216,7 +219,7 @@ def test_every_tile_shape_writes_the_reference(record, seed, device, backend, pe
         outside = torch.cat([got[:, :, : sel.start], got[:, :, sel.stop:]], dim=2)
         untouched = outside.isnan().all() if outside.is_floating_point() else (outside == 0xFF).all()
         assert bool(untouched), f"{side}_{name} written outside its rows"
-    record.backend, record.variant, record.device = backend, f"{side}-t{tokens}-c{channels}-w{warps}", device
+    record.backend, record.variant, record.device = backend, f"{side}-t{tokens}-c{channels}-w{warps}-d{d}", device
     record.add(states_checked=x.numel(), bit_errors=0)
 
 
