@@ -376,19 +376,25 @@ class QuantizeTile(NamedTuple):
     warps: int
 
 
-# measured on an H200 (fp16 [8, 8, 32768, 128]): K reduces across rows and wants few
-# warps per [G, G] tile, V reduces within rows
+# Measured on an H200 (3 bits, fp16 [8, 8, 32768, 128], scripts/gpu_affine_sweep.py): K tiles
+# of one group of tokens over 128 channels (rows of 48 bytes: three 16-byte stores), V tiles of
+# few tokens and few warps. Preferred channels; a launch takes the largest that divides D.
 _DEFAULT_TILES = {
-    (True, 32): QuantizeTile(32, 32, 1), (True, 64): QuantizeTile(64, 64, 1), (True, 128): QuantizeTile(128, 128, 4),
-    (False, 32): QuantizeTile(32, 32, 1), (False, 64): QuantizeTile(64, 64, 2),
-    (False, 128): QuantizeTile(128, 128, 8),
+    (True, 32): QuantizeTile(32, 128, 1), (True, 64): QuantizeTile(64, 128, 2),
+    (True, 128): QuantizeTile(128, 128, 2),
+    (False, 32): QuantizeTile(32, 64, 1), (False, 64): QuantizeTile(32, 64, 1),
+    (False, 128): QuantizeTile(16, 128, 1),
 }
 
 
 def default_tile(group_size: int, per_channel: bool, head_dim: int) -> QuantizeTile:
-    """The tile a launch uses unless told otherwise; its channels never exceed head_dim."""
+    """The tile a launch uses unless told otherwise: the preferred one, its channels halved
+    until they divide head_dim (a multiple of group_size)."""
     tile = _DEFAULT_TILES[per_channel, group_size]
-    return tile._replace(channels=min(tile.channels, head_dim))
+    channels = tile.channels
+    while head_dim % channels and channels > group_size:
+        channels //= 2
+    return tile._replace(channels=channels)
 
 
 def check_tile(tile: QuantizeTile, group_size: int, per_channel: bool, head_dim: int) -> None:

@@ -44,9 +44,9 @@ run() {  # run NAME GPUS LIMIT SESSION [args]
 
 nvidia-smi --query-gpu=index,name,driver_version --format=csv,noheader
 python3 -c "import os, torch, triton; print('torch', torch.__version__, 'triton', triton.__version__, 'cpus', os.cpu_count())"
-run suites-cold-all "$all_gpus" 200 gpu_verify --no-bench
-run suites-warm-all "$all_gpus" 130 gpu_verify --no-bench
-run suites-warm-gpu0 0 130 gpu_verify --no-bench
+run suites-cold-all "$all_gpus" 180 gpu_verify --no-bench
+run suites-warm-all "$all_gpus" 100 gpu_verify --no-bench
+run suites-warm-gpu0 0 100 gpu_verify --no-bench
 run full-warm-gpu0 0 "$full_limit" gpu_verify
 
 {
