@@ -7,6 +7,10 @@
 #
 #   bash scripts/gpu_verify_walls.sh [FULL_LIMIT_S]
 #
+# KVH_WALL_RUNS picks the runs and their order (default "suites-cold-all suites-warm-all
+# suites-warm-gpu0 full-warm-gpu0"; suites-cold-gpu0 is the cold suites on GPU 0 alone). Each
+# cold run starts from empty caches of its own; a warm run uses the last cold run's.
+#
 # FULL_LIMIT_S (default 250) caps the last run; records land as each case ends, so a capped
 # run still leaves every finished case. Results: $OUT (else reports/walls)/walls.tgz with each
 # run's reports directory, the logs, and walls.md with the table. Needs `python3 -m nox`.
@@ -17,7 +21,7 @@ out="${OUT:-reports/walls}"
 mkdir -p "$out"
 full_limit="${1:-250}"
 work="$(mktemp -d)"
-export KVH_EXT_DIR="$work/ext" TRITON_CACHE_DIR="$work/triton"
+cache="$work/cache-first"  # the warm runs' caches: the last cold run's
 all_gpus="$(nvidia-smi --query-gpu=index --format=csv,noheader | paste -sd, -)"
 rows=()
 
@@ -25,8 +29,10 @@ run() {  # run NAME GPUS LIMIT SESSION [args]
   local name="$1" gpus="$2" limit="$3" session="$4"
   shift 4
   local start end rc
+  case "$name" in *cold*) cache="$work/cache-$name" ;; esac
+  mkdir -p "$cache"
   start=$(date +%s.%N)
-  CUDA_VISIBLE_DEVICES="$gpus" timeout -s INT "$limit" python3 -m nox --no-venv -s "$session" -- \
+  KVH_EXT_DIR="$cache/ext" TRITON_CACHE_DIR="$cache/triton" CUDA_VISIBLE_DEVICES="$gpus" timeout -s INT "$limit" python3 -m nox --no-venv -s "$session" -- \
     --reports-dir "$work/$name" "$@" >"$out/$name.log" 2>&1
   rc=$?
   end=$(date +%s.%N)
@@ -44,15 +50,21 @@ run() {  # run NAME GPUS LIMIT SESSION [args]
 
 nvidia-smi --query-gpu=index,name,driver_version --format=csv,noheader
 python3 -c "import os, torch, triton; print('torch', torch.__version__, 'triton', triton.__version__, 'cpus', os.cpu_count())"
-run suites-cold-all "$all_gpus" 180 gpu_verify --no-bench
-run suites-warm-all "$all_gpus" 100 gpu_verify --no-bench
-run suites-warm-gpu0 0 100 gpu_verify --no-bench
-run full-warm-gpu0 0 "$full_limit" gpu_verify
+for name in ${KVH_WALL_RUNS:-suites-cold-all suites-warm-all suites-warm-gpu0 full-warm-gpu0}; do
+  case "$name" in
+    suites-cold-all) run "$name" "$all_gpus" 180 gpu_verify --no-bench ;;
+    suites-cold-gpu0) run "$name" 0 240 gpu_verify --no-bench ;;
+    suites-warm-all) run "$name" "$all_gpus" 100 gpu_verify --no-bench ;;
+    suites-warm-gpu0) run "$name" 0 100 gpu_verify --no-bench ;;
+    full-warm-gpu0) run "$name" 0 "$full_limit" gpu_verify ;;
+    *) echo "unknown run '$name'" >&2 ;;
+  esac
+done
 
 {
   echo "| run | CUDA_VISIBLE_DEVICES | session | exit | wall s | steps | pytest | suites timeline |"
   echo "| --- | --- | --- | --- | --- | --- | --- | --- |"
   printf '%s\n' "${rows[@]}"
 } >"$out/walls.md"
-tar czf "$out/walls.tgz" -C "$work" --exclude ext --exclude triton .
+tar czf "$out/walls.tgz" -C "$work" --exclude 'cache-*' .
 cat "$out/walls.md"
