@@ -368,125 +368,22 @@ def _quantize_kernel(
     _store_codes(codes, dst_tok[:, None] * row_bytes + pid_c * tile_bytes, q, row_mask, BITS)
 
 
-@triton.jit
-def _chunk_range(x, INTERPRET: tl.constexpr):
-    """Group min and max of x [T, NG, CPG, 8] over its axes 3 and 2 (a group: CPG chunks of 8
-    channels of one token) as fp32 [T, NG]; NaN when the group holds NaN (Inf stays Inf)."""
-    lo, hi = _group_range(x, 3, INTERPRET)
-    if INTERPRET:
-        return tl.min(lo, 2) + tl.sum(lo * 0.0, 2), tl.max(hi, 2) + tl.sum(hi * 0.0, 2)
-    else:
-        return tl.reduce(lo, 2, _min_nan), tl.reduce(hi, 2, _max_nan)
-
-
-@triton.jit
-def _octet_part(octet, SHIFT: tl.constexpr, WIDTH: tl.constexpr):
-    """The bits of a WIDTH-bit chunk that land in a word starting SHIFT bits before it (0 when none)."""
-    if SHIFT >= 0 and SHIFT < 32:
-        return octet << SHIFT
-    elif SHIFT < 0 and -SHIFT < WIDTH:
-        return octet >> -SHIFT
-    else:
-        return tl.zeros_like(octet)
-
-
-@triton.jit
-def _store_row_codes(word_ptr, q, mask, BITS: tl.constexpr):
-    """Pack codes q [T, NC, 8] (uint32; token t's channel 8c + i at [t, c, i]) into each
-    token's canonical stream and store it as int32 words at word_ptr[t] (4-byte aligned).
-
-    Eight values of a chunk are 8 * BITS bits, exactly BITS bytes: chunk c's bits are
-    o_c = sum_i q[c, i] << (BITS * i), and four chunks fill BITS whole words. Word k of chunks
-    4m..4m+3 is the OR of o_{4m+j} shifted by 8 * BITS * j - 32 * k (left when >= 0, right
-    otherwise) over the j whose bits reach it. Every value stays in its token's thread.
-    """
-    T: tl.constexpr = q.shape[0]
-    NC: tl.constexpr = q.shape[1]
-    if BITS == 8:
-        q = q.to(tl.uint64)
-    lanes = (tl.arange(0, 8) * BITS).to(q.dtype)
-    octets = tl.reshape(tl.sum(q << lanes[None, None, :], axis=2), [T, NC // 4, 4])  # disjoint bits
-    j = tl.arange(0, 4)[None, None, :]
-    m = tl.arange(0, NC // 4)[None, :] * BITS
-    for k in tl.static_range(BITS):
-        word = tl.zeros([T, NC // 4], dtype=q.dtype)
-        for jj in tl.static_range(4):
-            word = word | _octet_part(tl.sum(tl.where(j == jj, octets, 0), axis=2), 8 * BITS * jj - 32 * k, 8 * BITS)
-        word = (word & 0xFFFFFFFF).to(tl.uint32).to(tl.int32, bitcast=True)
-        tl.store(word_ptr[:, None] + m + k, word, mask=mask)
-
-
-@triton.jit
-def _quantize_rows_kernel(
-    src, codes, scale, zero,
-    heads, src_tokens, capacity, tok_offset,
-    stride_b, stride_h, stride_t, stride_d,
-    D: tl.constexpr, G: tl.constexpr, BITS: tl.constexpr,
-    SCALE_FP16: tl.constexpr, FLOOR: tl.constexpr, INTERPRET: tl.constexpr,
-    TOKENS: tl.constexpr, CHANNELS: tl.constexpr, EVEN_TOKENS: tl.constexpr,
-):
-    """Quantize V (per-token groups of G channels): TOKENS tokens x CHANNELS channels per program,
-    every token's CHANNELS in one thread, so that group ranges, scales and codes never leave it.
-
-    Shapes and grid as :func:`_quantize_kernel` (V). The tile is held as [TOKENS, CHANNELS / 8, 8]:
-    8 consecutive channels (one 16-byte load of fp16) innermost, tokens across the threads.
-    """
-    pid_t = tl.program_id(0)
-    pid_c = tl.program_id(1)
-    bh = tl.program_id(2).to(tl.int64)
-    b = bh // heads
-    h = bh % heads
-    NC: tl.constexpr = CHANNELS // 8
-    NG: tl.constexpr = CHANNELS // G
-    tok = pid_t * TOKENS + tl.arange(0, TOKENS)
-    # 8-channel runs at 16-byte boundaries, and no run continues into the next chunk as far as
-    # the compiler knows: so it gives each thread whole tokens rather than one token's chunks to
-    # several threads
-    within = tl.arange(0, NC)[None, :, None] * 8 + tl.arange(0, 8)[None, None, :]
-    within = tl.max_contiguous(tl.multiple_of(within, [1, 8, 8]), [1, 1, 8])
-    chan = pid_c * CHANNELS + within
-    ptrs = (src + b * stride_b + h * stride_h + tok.to(tl.int64)[:, None, None] * stride_t
-            + chan * stride_d)
-    if EVEN_TOKENS:
-        row_mask = None
-        x_in = tl.load(ptrs)
-    else:
-        row_mask = (tok < src_tokens)[:, None]
-        x_in = tl.load(ptrs, mask=row_mask[:, :, None], other=0.0)
-    xg = tl.reshape(x_in, [TOKENS, NG, G // 8, 8])
-    lo, hi = _chunk_range(xg, INTERPRET)
-    s, z, inv = _affine_params_tl(lo, hi, BITS, SCALE_FP16, FLOOR, INTERPRET)  # [TOKENS, NG]
-    q = _codes(xg.to(tl.float32), inv[:, :, None, None], z[:, :, None, None], BITS, INTERPRET)
-    dst_tok = bh * capacity + tok_offset + tok  # cache row of each token, int64
-    p_off = dst_tok[:, None] * (D // G) + (pid_c * NG + tl.arange(0, NG))[None, :]
-    tl.store(scale + p_off, s.to(scale.dtype.element_ty), mask=row_mask)
-    tl.store(zero + p_off, z.to(zero.dtype.element_ty), mask=row_mask)
-    row_words: tl.constexpr = D * BITS // 32
-    word_ptr = codes.to(tl.pointer_type(tl.int32)) + dst_tok * row_words + pid_c * (CHANNELS * BITS // 32)
-    _store_row_codes(word_ptr, tl.reshape(q, [TOKENS, NC, 8]), row_mask, BITS)
-
-
 class QuantizeTile(NamedTuple):
-    """One program's tile of the quantize kernel: tokens x channels, and its warps. ``rows``
-    (V only): the kernel that keeps each token's channels in one thread
-    (:func:`_quantize_rows_kernel`) instead of spreading a row over several."""
+    """One program's tile of the quantize kernel: tokens x channels, and its warps."""
 
     tokens: int
     channels: int
     warps: int
-    rows: bool = False
 
 
 # Measured on an H200 (3 bits, fp16 [8, 8, 32768, 128], scripts/gpu_affine_sweep.py): K tiles
-# of one group of tokens over 128 channels (rows of 48 bytes: three 16-byte stores). V: the
-# kernel that keeps each token in one thread (no cross-thread reduction: about 10 SASS per
-# element at G=64 against 20 for the shared kernel's best V tile), one token per thread.
-# Preferred channels; a launch takes the largest that divides D.
+# of one group of tokens over 128 channels (rows of 48 bytes: three 16-byte stores), V tiles of
+# few tokens and few warps. Preferred channels; a launch takes the largest that divides D.
 _DEFAULT_TILES = {
     (True, 32): QuantizeTile(32, 128, 1), (True, 64): QuantizeTile(64, 128, 2),
     (True, 128): QuantizeTile(128, 128, 2),
-    (False, 32): QuantizeTile(64, 64, 2, True), (False, 64): QuantizeTile(64, 64, 2, True),
-    (False, 128): QuantizeTile(64, 128, 2, True),
+    (False, 32): QuantizeTile(32, 64, 1), (False, 64): QuantizeTile(32, 64, 1),
+    (False, 128): QuantizeTile(16, 128, 1),
 }
 
 
@@ -502,11 +399,7 @@ def default_tile(group_size: int, per_channel: bool, head_dim: int) -> QuantizeT
 
 def check_tile(tile: QuantizeTile, group_size: int, per_channel: bool, head_dim: int) -> None:
     """ValueError naming the field when ``tile`` cannot quantize groups of group_size."""
-    tokens, channels, warps, rows = tile
-    if not isinstance(rows, bool):
-        raise ValueError(f"tile.rows must be a bool; got {rows!r}")
-    if rows and per_channel:
-        raise ValueError("tile.rows is for V (per-token groups) only; K groups run along tokens")
+    tokens, channels, warps = tile
     for name, n in (("tokens", tokens), ("channels", channels), ("warps", warps)):
         if not isinstance(n, int) or n < 1 or n & (n - 1):
             raise ValueError(f"tile.{name} must be a power of two; got {n!r}")
@@ -524,13 +417,12 @@ def _launch_quantize(x, codes, scale, zero, tok_offset, group_size, bits, per_ch
     tile = default_tile(group_size, per_channel, d) if tile is None else tile
     check_tile(tile, group_size, per_channel, d)
     grid = (triton.cdiv(t, tile.tokens), d // tile.channels, b * h)
-    kernel, side = (_quantize_rows_kernel, {}) if tile.rows else (_quantize_kernel, {"PER_CHANNEL": per_channel})
     with on_device(x.device):
-        kernel[grid](
+        _quantize_kernel[grid](
             x, codes, scale, zero,
             h, t, codes.shape[2], tok_offset,
             *x.stride(),
-            D=d, G=group_size, BITS=bits, **side,
+            D=d, G=group_size, BITS=bits, PER_CHANNEL=per_channel,
             SCALE_FP16=scale.dtype == torch.float16, FLOOR=SCALE_FLOOR[scale.dtype],
             INTERPRET=triton_interpreted(), TOKENS=tile.tokens, CHANNELS=tile.channels,
             EVEN_TOKENS=t % tile.tokens == 0, num_warps=tile.warps,
@@ -766,14 +658,11 @@ def _aot_specs() -> list[AotSpec]:
                 "stride_b": "i64", "stride_h": "i64", "stride_t": "i64",
             }
             constexprs = {
-                "stride_d": 1, "D": 128, "G": group_size, "BITS": bits,
+                "stride_d": 1, "D": 128, "G": group_size, "BITS": bits, "PER_CHANNEL": per_channel,
                 "SCALE_FP16": scale_dtype == torch.float16, "FLOOR": SCALE_FLOOR[scale_dtype],
                 "INTERPRET": False, "TOKENS": tile.tokens, "CHANNELS": tile.channels, "EVEN_TOKENS": True,
             }
-            if not tile.rows:
-                constexprs["PER_CHANNEL"] = per_channel
-            kernel = _quantize_rows_kernel if tile.rows else _quantize_kernel
-            specs.append(AotSpec(name, kernel, signature, constexprs, tile.warps,
+            specs.append(AotSpec(name, _quantize_kernel, signature, constexprs, tile.warps,
                                  divisible_ints=_CONTIGUOUS_MULTIPLES))
     return specs
 

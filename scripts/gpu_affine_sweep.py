@@ -31,21 +31,14 @@ SHAPE = (8, 8, 32768, 128)
 
 
 def tiles(per_channel: bool, group_size: int, head_dim: int):
-    """Every tile worth timing for one side (K tiles hold exactly one group of tokens; V also
-    runs the token-per-thread kernel with one to four tokens per thread)."""
-    channels = sorted({c for c in (group_size, 2 * group_size, head_dim) if c <= head_dim and head_dim % c == 0})
-    token_choices = [group_size] if per_channel else [16, 32, 64, 128, 256]
+    """Every tile worth timing for one side (K tiles hold exactly one group of tokens)."""
+    channels = [c for c in (group_size, 2 * group_size, head_dim) if c <= head_dim and head_dim % c == 0]
+    token_choices = [group_size] if per_channel else [t for t in (16, 32, 64, 128, 256) if t >= 16]
     for tokens in token_choices:
-        for ch in channels:
+        for ch in sorted(set(channels)):
             for warps in (1, 2, 4, 8):
                 if 8 <= tokens * ch // (32 * warps) <= 256:  # elements per thread
                     yield QuantizeTile(tokens, ch, warps)
-    if not per_channel:
-        for tokens in (32, 64, 128, 256):
-            for ch in channels:
-                for warps in (1, 2, 4, 8):
-                    if tokens // (32 * warps) in (1, 2, 4) and tokens * ch // (32 * warps) <= 256:
-                        yield QuantizeTile(tokens, ch, warps, True)
 
 
 def main() -> int:
@@ -93,12 +86,10 @@ def main() -> int:
             ms = median_ms(launch) if ok else None
             gbps = moved / (ms * 1e-3) / 1e9 if ok else None
             row = {"side": side, "tokens": tile.tokens, "channels": tile.channels, "warps": tile.warps,
-                   "rows": tile.rows,
                    "default": tile == default, "correct": ok, "error": error, "ms": ms, "gbps": gbps,
                    "pct_of_copy": 100 * gbps / copy if ok else None, "bytes": moved}
             rows.append(row)
-            name = (f"{side} t{tile.tokens} c{tile.channels} w{tile.warps}{' rows' if tile.rows else ''}"
-                    f"{' (default)' if row['default'] else ''}")
+            name = f"{side} t{tile.tokens} c{tile.channels} w{tile.warps}{' (default)' if row['default'] else ''}"
             timing = f"{ms:8.4f} ms {row['pct_of_copy']:6.1f}% of copy" if ok else (error or "WRONG")
             print(f"{name:<28} {timing}", flush=True)
             del got
@@ -112,8 +103,8 @@ def main() -> int:
     for side in ("k", "v"):
         timed = sorted((r for r in rows if r["side"] == side and r["correct"]), key=lambda r: r["ms"])
         for r in timed[:4]:
-            print(f"  {side} t{r['tokens']:<4} c{r['channels']:<4} w{r['warps']:<2}{' rows' if r['rows'] else '     '} "
-                  f"{r['ms']:.4f} ms {r['pct_of_copy']:.1f}% of copy{' (default)' if r['default'] else ''}")
+            print(f"  {side} t{r['tokens']:<4} c{r['channels']:<4} w{r['warps']:<2} {r['ms']:.4f} ms "
+                  f"{r['pct_of_copy']:.1f}% of copy{' (default)' if r['default'] else ''}")
         best[side] = timed[0] if timed else None
         default[side] = next((r for r in rows if r["side"] == side and r["default"]), None)
     for label, pick in (("default", default), ("best", best)):

@@ -186,39 +186,30 @@ def test_kernel_writes_only_its_rows(record, seed, device, backend, bits):
     record.add(states_checked=elements(ref), bit_errors=0)
 
 
-_TILES = [  # (per_channel, tokens, channels, warps, D, rows) at G=32: one group, whole rows, rows past the
-    # end, 128-value runs (three 16-byte stores per 48 bytes) once and twice per row, and V's
-    # token-per-thread kernel with one and several tokens per thread and groups per row
-    (True, 32, 32, 1, 64, False), (True, 32, 64, 2, 64, False), (False, 32, 32, 1, 64, False),
-    (False, 64, 64, 2, 64, False), (False, 128, 32, 4, 64, False), (False, 2, 64, 1, 64, False),
-    (True, 32, 128, 2, 128, False), (False, 64, 128, 4, 256, False), (True, 32, 256, 4, 256, False),
-    (False, 16, 256, 1, 256, False), (False, 64, 64, 2, 64, True), (False, 128, 32, 1, 64, True),
-    (False, 32, 256, 1, 256, True), (False, 2, 128, 1, 128, True),
+_TILES = [  # (per_channel, tokens, channels, warps, D) at G=32: one group, whole rows, rows past the end,
+    # and 128-value runs (three 16-byte stores per 48 bytes) once and twice per row
+    (True, 32, 32, 1, 64), (True, 32, 64, 2, 64), (False, 32, 32, 1, 64), (False, 64, 64, 2, 64),
+    (False, 128, 32, 4, 64), (False, 2, 64, 1, 64), (True, 32, 128, 2, 128), (False, 64, 128, 4, 256),
+    (True, 32, 256, 4, 256), (False, 16, 256, 1, 256),
 ]
 
 
-def _tile_shape_params():
-    """3 bits for every tile; every width for V's token-per-thread kernel (its own packing)."""
-    return [pytest.param(bits, *t, id=f"b{bits}-{'k' if t[0] else 'v'}-t{t[1]}-c{t[2]}-w{t[3]}-d{t[4]}"
-                                      f"{'-rows' if t[5] else ''}")
-            for t in _TILES for bits in ((3, 2, 4, 8) if t[5] else (3,))]
-
-
 @pytest.mark.parametrize(("device", "backend"), [p for p in device_backends() if "triton" in p.id])
-@pytest.mark.parametrize(("bits", "per_channel", "tokens", "channels", "warps", "d", "rows"), _tile_shape_params())
-def test_every_tile_shape_writes_the_reference(record, seed, device, backend, bits, per_channel, tokens, channels,
-                                               warps, d, rows):
+@pytest.mark.parametrize(("per_channel", "tokens", "channels", "warps", "d"), _TILES,
+                         ids=[f"{'k' if t[0] else 'v'}-t{t[1]}-c{t[2]}-w{t[3]}-d{t[4]}" for t in _TILES])
+def test_every_tile_shape_writes_the_reference(record, seed, device, backend, per_channel, tokens, channels, warps,
+                                               d):
     """Each tile a launch may take (several groups per row, many tokens per program, a last
     program past the end) writes exactly the reference's codes, scales and zeros into a
     poisoned cache at a token offset, and nothing outside the target rows."""
-    g, offset, t = 32, 32, 96
+    g, offset, t, bits = 32, 32, 96, 3
     qkv = QuantizedKV.empty(2, 3, d, bits=bits, group_size=g, capacity=192, device=device)
     poison(qkv)
     k, v = random_kv((2, 3, t, d), torch.float16, device, seed=seed, kind="outliers")
     x = k if per_channel else v
     side = "k" if per_channel else "v"
     codes, scale, zero = (getattr(qkv, f"{side}_{f}") for f in ("codes", "scale", "zero"))
-    _launch_quantize(x, codes, scale, zero, offset, g, bits, per_channel, QuantizeTile(tokens, channels, warps, rows))
+    _launch_quantize(x, codes, scale, zero, offset, g, bits, per_channel, QuantizeTile(tokens, channels, warps))
     ref = quantize(k, v, bits, g, "torch")
     rows = slice(offset, offset + t)
     params = slice(offset // g, (offset + t) // g) if per_channel else rows
@@ -228,8 +219,7 @@ def test_every_tile_shape_writes_the_reference(record, seed, device, backend, bi
         outside = torch.cat([got[:, :, : sel.start], got[:, :, sel.stop:]], dim=2)
         untouched = outside.isnan().all() if outside.is_floating_point() else (outside == 0xFF).all()
         assert bool(untouched), f"{side}_{name} written outside its rows"
-    record.backend, record.device = backend, device
-    record.variant = f"b{bits}-{side}-t{tokens}-c{channels}-w{warps}-d{d}{'-rows' if rows else ''}"
+    record.backend, record.variant, record.device = backend, f"{side}-t{tokens}-c{channels}-w{warps}-d{d}", device
     record.add(states_checked=x.numel(), bit_errors=0)
 
 
@@ -240,8 +230,6 @@ def test_every_tile_shape_writes_the_reference(record, seed, device, backend, bi
     (QuantizeTile(32, 128, 1), True, "dividing D=64"),
     (QuantizeTile(32, 32, 3), False, "tile.warps must be a power of two"),
     (QuantizeTile(1, 32, 1), False, "tile.tokens must be at least 2"),
-    (QuantizeTile(32, 32, 1, True), True, "tile.rows is for V"),
-    (QuantizeTile(32, 32, 1, 1), False, "tile.rows must be a bool"),
 ])
 def test_bad_tile_is_a_value_error_naming_the_field(tile, per_channel, match):
     x = torch.randn(1, 1, 32, 64, dtype=torch.float16)
