@@ -115,6 +115,8 @@ def _drive_affine() -> None:
     import torch
 
     import kernels
+    from kernels.affine import QuantizeTile, _launch_quantize
+    from kernels.kv_cache import QuantizedKV
 
     g = _gen()
     for bits, group_size, d in ((3, 64, 128), (4, 32, 64), (2, 128, 128), (8, 64, 64)):
@@ -124,6 +126,13 @@ def _drive_affine() -> None:
         want = kernels.quantize_kv(k, v, bits, group_size=group_size, backend="torch")
         for name in ("k_codes", "v_codes", "k_scale", "v_scale", "k_zero", "v_zero"):
             _same(f"affine {bits}-bit G{group_size} {name}", getattr(got, name), getattr(want, name))
+    # a V tile of 64 tokens over 96: the last program's masked loads and stores
+    v = torch.randn(2, 2, 96, 64, device="cuda", generator=g).half()
+    want = kernels.quantize_kv(v, v, 3, group_size=32, backend="torch")
+    qkv = QuantizedKV.empty(2, 2, 64, bits=3, group_size=32, capacity=96, device="cuda")
+    _launch_quantize(v, qkv.v_codes, qkv.v_scale, qkv.v_zero, 0, 32, 3, False, QuantizeTile(64, 64, 2))
+    for name in ("v_codes", "v_scale", "v_zero"):
+        _same(f"affine masked V tile {name}", getattr(qkv, name)[:, :, :96], getattr(want, name)[:, :, :96])
 
 
 def _drive_decode() -> None:
@@ -296,6 +305,7 @@ def run_checks(tools: Sequence[str], kernels: Sequence[str], *, sanitizer: str, 
         raise ValueError(f"jobs must be a positive int; got {jobs!r}")
     env = sanitizer_env()
     lock = threading.Lock()
+    stop = threading.Event()  # set on an interrupt: kernels still running start no further tool
 
     def known(check: Check) -> Check:
         with lock:
@@ -317,6 +327,8 @@ def run_checks(tools: Sequence[str], kernels: Sequence[str], *, sanitizer: str, 
                                 f"the driver fails without the sanitizer ({why}): {tail}"[:500])) for tool in tools]
         found = []
         for tool in tools:
+            if stop.is_set():
+                break
             check = judge(tool, kernel, *runner(sanitizer_command(sanitizer, tool, kernel, python), env, timeout_s))
             errors = "?" if check.errors is None else check.errors
             say(f"  {tool:<9} {kernel:<16} {check.outcome:<7} errors {errors} ({check.seconds:.0f} s)"
@@ -329,7 +341,12 @@ def run_checks(tools: Sequence[str], kernels: Sequence[str], *, sanitizer: str, 
     pool = ThreadPoolExecutor(max_workers=min(jobs, max(1, len(kernels))))
     try:
         return [check for per_kernel in pool.map(check_kernel, kernels) for check in per_kernel]
-    finally:  # an interrupt (a command limit) does not wait for the kernels not yet started
+    except BaseException:
+        # an interrupt (Ctrl-C, a command limit): kernels not started are dropped, running ones
+        # start no further tool (their current child runs to its end or its timeout)
+        stop.set()
+        raise
+    finally:
         pool.shutdown(wait=False, cancel_futures=True)
 
 
@@ -368,6 +385,13 @@ def unavailable_reason(sanitizer: str | None) -> str | None:
     return None
 
 
+def _positive_int(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be a positive int; got {text}")
+    return value
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m harness.sanitize", description=__doc__.splitlines()[0])
     parser.add_argument("--tools", nargs="+", choices=TOOLS, default=list(TOOLS))
@@ -379,7 +403,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT_S, metavar="S",
                         help="seconds one run may take (default %(default)s)")
     parser.add_argument("--leg", default=None, help="version-leg name stored in the records")
-    parser.add_argument("--jobs", type=int, default=1, metavar="N",
+    parser.add_argument("--jobs", type=_positive_int, default=1, metavar="N",
                         help="kernels checked at once, each its tools in turn (default %(default)s)")
     parser.add_argument("--list", action="store_true", help="print the kernels and tools and exit")
     parser.add_argument("--run-kernel", choices=tuple(KERNELS), help=argparse.SUPPRESS)

@@ -21,4 +21,8 @@ def run_killable(cmd: list[str], *, env: dict, cwd: str | Path, timeout_s: float
         os.killpg(proc.pid, signal.SIGKILL)
         out, _ = proc.communicate()
         rc = None
+    except BaseException:  # an interrupt (Ctrl-C, a command limit's SIGINT) ends the child's group too
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+        raise
     return rc, out.decode(errors="replace"), time.perf_counter() - start

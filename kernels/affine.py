@@ -401,7 +401,7 @@ def check_tile(tile: QuantizeTile, group_size: int, per_channel: bool, head_dim:
     """ValueError naming the field when ``tile`` cannot quantize groups of group_size."""
     tokens, channels, warps = tile
     for name, n in (("tokens", tokens), ("channels", channels), ("warps", warps)):
-        if not isinstance(n, int) or n < 1 or n & (n - 1):
+        if not isinstance(n, int) or isinstance(n, bool) or n < 1 or n & (n - 1):
             raise ValueError(f"tile.{name} must be a power of two; got {n!r}")
     if per_channel and tokens != group_size:
         raise ValueError(f"tile.tokens must equal group_size={group_size} for K (per-channel groups); got {tokens}")
@@ -414,6 +414,8 @@ def check_tile(tile: QuantizeTile, group_size: int, per_channel: bool, head_dim:
 
 def _launch_quantize(x, codes, scale, zero, tok_offset, group_size, bits, per_channel, tile=None) -> None:
     b, h, t, d = x.shape
+    if t % group_size:
+        raise ValueError(f"x must hold whole groups of group_size={group_size} tokens; got {t}")
     tile = default_tile(group_size, per_channel, d) if tile is None else tile
     check_tile(tile, group_size, per_channel, d)
     grid = (triton.cdiv(t, tile.tokens), d // tile.channels, b * h)

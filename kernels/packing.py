@@ -205,7 +205,7 @@ def _values_per_program(kernel, interpreted: bool) -> int:
     # enough programs to fill the GPU with a few thousand values each. Measured on an H200
     # (3 bits, 1 GiB stream, scripts/gpu_packing_sweep.py): the word unpack reaches 84.5% of
     # the copy bandwidth with 16384 values per program and 4 warps, 63.5% with 4096; the
-    # other kernels are fastest at 4096.
+    # other kernels are fastest at 4096. Other widths take the 3-bit shapes (not swept).
     if interpreted:
         return 1 << 20
     return 16384 if kernel is _unpack_words_kernel else 4096

@@ -6,8 +6,8 @@ fp16 [8, 8, 32768, 128] cache fastest.
 
 Every tile's cache (codes, scales, zeros) is compared bit for bit with the torch reference's
 before it is timed; a wrong tile is reported and not timed. Bytes per side: the input read
-once, codes, scales and zeros written once. Writes affine_sweep.json under --out (default $OUT
-or reports/affine) and prints the table last, with the best K + best V against the default.
+once, codes, scales and zeros written once. Writes affine_sweep_b<bits>_g<G>.json under --out (default
+$OUT or reports/affine) and prints the table last, with the best K + best V against the default.
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ SHAPE = (8, 8, 32768, 128)
 def tiles(per_channel: bool, group_size: int, head_dim: int):
     """Every tile worth timing for one side (K tiles hold exactly one group of tokens)."""
     channels = [c for c in (group_size, 2 * group_size, head_dim) if c <= head_dim and head_dim % c == 0]
-    token_choices = [group_size] if per_channel else [t for t in (16, 32, 64, 128, 256) if t >= 16]
+    token_choices = [group_size] if per_channel else [16, 32, 64, 128, 256]
     for tokens in token_choices:
         for ch in sorted(set(channels)):
             for warps in (1, 2, 4, 8):
@@ -65,7 +65,7 @@ def main() -> int:
         fields = [f"{side}_{f}" for f in ("codes", "scale", "zero")]
         moved = x.numel() * x.element_size() + sum(getattr(ref, f).numel() * getattr(ref, f).element_size()
                                                    for f in fields)
-        default = default_tile(g, per_channel, d)
+        default_of_side = default_tile(g, per_channel, d)
         for tile in tiles(per_channel, g, d):
             got = empty()
             for f in fields:
@@ -86,7 +86,7 @@ def main() -> int:
             ms = median_ms(launch) if ok else None
             gbps = moved / (ms * 1e-3) / 1e9 if ok else None
             row = {"side": side, "tokens": tile.tokens, "channels": tile.channels, "warps": tile.warps,
-                   "default": tile == default, "correct": ok, "error": error, "ms": ms, "gbps": gbps,
+                   "default": tile == default_of_side, "correct": ok, "error": error, "ms": ms, "gbps": gbps,
                    "pct_of_copy": 100 * gbps / copy if ok else None, "bytes": moved}
             rows.append(row)
             name = f"{side} t{tile.tokens} c{tile.channels} w{tile.warps}{' (default)' if row['default'] else ''}"
@@ -95,7 +95,7 @@ def main() -> int:
             del got
     out_dir = Path(args.out)
     out_dir.mkdir(parents=True, exist_ok=True)
-    (out_dir / "affine_sweep.json").write_text(json.dumps(
+    (out_dir / f"affine_sweep_b{bits}_g{g}.json").write_text(json.dumps(
         {"gpu": torch.cuda.get_device_name(0), "copy_gbps": copy, "shape": list(SHAPE), "bits": bits,
          "group_size": g, "rows": rows}, indent=2) + "\n")
     print(f"\ncopy {copy:,.0f} GB/s; bits {bits} G={g} fp16 {list(SHAPE)}; best per side:")

@@ -8,8 +8,9 @@
 #   bash scripts/gpu_verify_walls.sh [FULL_LIMIT_S]
 #
 # KVH_WALL_RUNS picks the runs and their order (default "suites-cold-all suites-warm-all
-# suites-warm-gpu0 full-warm-gpu0"; suites-cold-gpu0 is the cold suites on GPU 0 alone). Each
-# cold run starts from empty caches of its own; a warm run uses the last cold run's.
+# suites-warm-gpu0 full-warm-gpu0"; suites-cold-gpu0 is the cold suites on GPU 0 alone), each
+# name once. Each cold run starts from empty caches of its own; a warm run uses the last cold
+# run's, so a warm run needs a cold run before it.
 #
 # FULL_LIMIT_S (default 250) caps the last run; records land as each case ends, so a capped
 # run still leaves every finished case. Results: $OUT (else reports/walls)/walls.tgz with each
@@ -21,7 +22,24 @@ out="${OUT:-reports/walls}"
 mkdir -p "$out"
 full_limit="${1:-250}"
 work="$(mktemp -d)"
-cache="$work/cache-first"  # the warm runs' caches: the last cold run's
+cache=""  # the warm runs' caches: the last cold run's
+runs="${KVH_WALL_RUNS:-suites-cold-all suites-warm-all suites-warm-gpu0 full-warm-gpu0}"
+seen=" "
+for name in $runs; do  # check the list before spending GPU time on it
+  case "$name" in
+    suites-cold-all | suites-cold-gpu0) seen="$seen$name " ;;
+    suites-warm-all | suites-warm-gpu0 | full-warm-gpu0)
+      case "$seen" in
+        *cold*) seen="$seen$name " ;;
+        *) echo "KVH_WALL_RUNS: warm run '$name' before any cold run" >&2; exit 2 ;;
+      esac ;;
+    *) echo "KVH_WALL_RUNS: unknown run '$name'" >&2; exit 2 ;;
+  esac
+done
+if [ "$(printf '%s\n' $runs | sort | uniq -d)" != "" ]; then
+  echo "KVH_WALL_RUNS: each run once; got '$runs'" >&2
+  exit 2
+fi
 all_gpus="$(nvidia-smi --query-gpu=index --format=csv,noheader | paste -sd, -)"
 rows=()
 
@@ -29,7 +47,7 @@ run() {  # run NAME GPUS LIMIT SESSION [args]
   local name="$1" gpus="$2" limit="$3" session="$4"
   shift 4
   local start end rc
-  case "$name" in *cold*) cache="$work/cache-$name" ;; esac
+  case "$name" in *cold*) cache="$work/cache-$name" && rm -rf "$cache" ;; esac
   mkdir -p "$cache"
   start=$(date +%s.%N)
   KVH_EXT_DIR="$cache/ext" TRITON_CACHE_DIR="$cache/triton" CUDA_VISIBLE_DEVICES="$gpus" timeout -s INT "$limit" python3 -m nox --no-venv -s "$session" -- \
@@ -50,14 +68,13 @@ run() {  # run NAME GPUS LIMIT SESSION [args]
 
 nvidia-smi --query-gpu=index,name,driver_version --format=csv,noheader
 python3 -c "import os, torch, triton; print('torch', torch.__version__, 'triton', triton.__version__, 'cpus', os.cpu_count())"
-for name in ${KVH_WALL_RUNS:-suites-cold-all suites-warm-all suites-warm-gpu0 full-warm-gpu0}; do
+for name in $runs; do
   case "$name" in
     suites-cold-all) run "$name" "$all_gpus" 180 gpu_verify --no-bench ;;
     suites-cold-gpu0) run "$name" 0 240 gpu_verify --no-bench ;;
     suites-warm-all) run "$name" "$all_gpus" 100 gpu_verify --no-bench ;;
     suites-warm-gpu0) run "$name" 0 100 gpu_verify --no-bench ;;
     full-warm-gpu0) run "$name" 0 "$full_limit" gpu_verify ;;
-    *) echo "unknown run '$name'" >&2 ;;
   esac
 done
 

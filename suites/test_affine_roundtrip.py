@@ -230,12 +230,21 @@ def test_every_tile_shape_writes_the_reference(record, seed, device, backend, pe
     (QuantizeTile(32, 128, 1), True, "dividing D=64"),
     (QuantizeTile(32, 32, 3), False, "tile.warps must be a power of two"),
     (QuantizeTile(1, 32, 1), False, "tile.tokens must be at least 2"),
+    (QuantizeTile(32, 32, True), False, "tile.warps must be a power of two"),
 ])
 def test_bad_tile_is_a_value_error_naming_the_field(tile, per_channel, match):
     x = torch.randn(1, 1, 32, 64, dtype=torch.float16)
     qkv = QuantizedKV.empty(1, 1, 64, bits=3, group_size=32, capacity=32)
     with pytest.raises(ValueError, match=match):
         _launch_quantize(x, qkv.k_codes, qkv.k_scale, qkv.k_zero, 0, 32, 3, per_channel, tile)
+
+
+def test_partial_group_is_a_value_error_naming_x():
+    x = torch.randn(1, 1, 40, 64, dtype=torch.float16)
+    qkv = QuantizedKV.empty(1, 1, 64, bits=3, group_size=32, capacity=64)
+    for per_channel in (True, False):
+        with pytest.raises(ValueError, match="x must hold whole groups of group_size=32 tokens; got 40"):
+            _launch_quantize(x, qkv.v_codes, qkv.v_scale, qkv.v_zero, 0, 32, 3, per_channel)
 
 
 @settings(max_examples=200, deadline=None)

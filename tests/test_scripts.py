@@ -29,7 +29,7 @@ def test_python_scripts_compile(script, tmp_path):
     py_compile.compile(str(script), cfile=str(tmp_path / "out.pyc"), doraise=True)
 
 
-@pytest.mark.parametrize("name", ["gpu_packing_sweep.py", "gpu_decode.py"])
+@pytest.mark.parametrize("name", ["gpu_packing_sweep.py", "gpu_affine_sweep.py", "gpu_decode.py"])
 def test_python_scripts_answer_help_without_a_gpu(name):
     result = subprocess.run([sys.executable, str(ROOT / "scripts" / name), "--help"], cwd=ROOT,
                             capture_output=True, text=True, timeout=300)
@@ -64,3 +64,17 @@ def test_int8_table_from_records(tmp_path):
     assert result.returncode == 0, result.stderr[-2000:]
     assert "Realistic Large LLM" in result.stdout and "131072x4096" in result.stdout
     assert "NOT MET" in result.stdout and "0.91x torch.compile" in result.stdout
+
+
+@pytest.mark.skipif(shutil.which("bash") is None, reason="needs bash")
+@pytest.mark.parametrize(("runs", "message"), [
+    ("suites-warm-all suites-cold-all", "warm run 'suites-warm-all' before any cold run"),
+    ("suites-cold-all bogus", "unknown run 'bogus'"),
+    ("suites-cold-gpu0 suites-cold-gpu0", "each run once"),
+])
+def test_wall_runs_are_checked_before_any_gpu_time(runs, message, tmp_path):
+    """A wrong KVH_WALL_RUNS stops gpu_verify_walls.sh at once (exit 2), before nvidia-smi or nox."""
+    env = {"PATH": "/usr/bin:/bin", "KVH_WALL_RUNS": runs, "OUT": str(tmp_path)}
+    result = subprocess.run(["bash", str(ROOT / "scripts" / "gpu_verify_walls.sh")], env=env, capture_output=True,
+                            text=True, timeout=60)
+    assert result.returncode == 2 and message in result.stderr, result.stderr
