@@ -416,8 +416,10 @@ def _launch_quantize(x, codes, scale, zero, tok_offset, group_size, bits, per_ch
     b, h, t, d = x.shape
     if t % group_size:
         raise ValueError(f"x must hold whole groups of group_size={group_size} tokens; got {t}")
-    tile = default_tile(group_size, per_channel, d) if tile is None else tile
-    check_tile(tile, group_size, per_channel, d)
+    if tile is None:
+        tile = default_tile(group_size, per_channel, d)
+    else:
+        check_tile(tile, group_size, per_channel, d)
     grid = (triton.cdiv(t, tile.tokens), d // tile.channels, b * h)
     with on_device(x.device):
         _quantize_kernel[grid](

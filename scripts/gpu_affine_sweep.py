@@ -23,7 +23,7 @@ sys.path.insert(0, str(ROOT))
 
 import torch  # noqa: E402
 
-from harness.timing import copy_bandwidth_gbps, median_ms  # noqa: E402
+from harness.timing import bandwidth_metrics, copy_bandwidth_gbps, median_ms  # noqa: E402
 from kernels.affine import QuantizeTile, _launch_quantize, default_tile, quantize_into  # noqa: E402
 from kernels.kv_cache import QuantizedKV  # noqa: E402
 
@@ -83,11 +83,11 @@ def main() -> int:
                 error = None
             except Exception as exc:  # a tile that does not compile is a row, not the end of the sweep
                 ok, error = False, f"{type(exc).__name__}: {str(exc).splitlines()[0][:120]}"
-            ms = median_ms(launch) if ok else None
-            gbps = moved / (ms * 1e-3) / 1e9 if ok else None
+            figures = bandwidth_metrics(moved, median_ms(launch)) if ok else {}
+            ms = figures.get("ms")
             row = {"side": side, "tokens": tile.tokens, "channels": tile.channels, "warps": tile.warps,
-                   "default": tile == default_of_side, "correct": ok, "error": error, "ms": ms, "gbps": gbps,
-                   "pct_of_copy": 100 * gbps / copy if ok else None, "bytes": moved}
+                   "default": tile == default_of_side, "correct": ok, "error": error, "ms": ms,
+                   "gbps": figures.get("gbps"), "pct_of_copy": figures.get("pct_of_peak"), "bytes": moved}
             rows.append(row)
             name = f"{side} t{tile.tokens} c{tile.channels} w{tile.warps}{' (default)' if row['default'] else ''}"
             timing = f"{ms:8.4f} ms {row['pct_of_copy']:6.1f}% of copy" if ok else (error or "WRONG")
@@ -111,7 +111,7 @@ def main() -> int:
         if pick["k"] and pick["v"] and pick["k"]["correct"] and pick["v"]["correct"]:
             ms = pick["k"]["ms"] + pick["v"]["ms"]
             moved = pick["k"]["bytes"] + pick["v"]["bytes"]
-            print(f"  K + V {label}: {ms:.4f} ms, {100 * moved / (ms * 1e-3) / 1e9 / copy:.1f}% of copy")
+            print(f"  K + V {label}: {ms:.4f} ms, {bandwidth_metrics(moved, ms)['pct_of_peak']:.1f}% of copy")
     return 0 if all(r["correct"] for r in rows) else 1
 
 

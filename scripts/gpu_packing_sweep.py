@@ -25,7 +25,7 @@ sys.path.insert(0, str(ROOT))
 import torch  # noqa: E402
 import triton  # noqa: E402
 
-from harness.timing import copy_bandwidth_gbps, median_ms, write_bandwidth_gbps  # noqa: E402
+from harness.timing import bandwidth_metrics, copy_bandwidth_gbps, median_ms, write_bandwidth_gbps  # noqa: E402
 from kernels import pack_bits, packing, unpack_bits  # noqa: E402
 
 # The experiment is compiled in one unit after the library's pack3.cu, whose lane helpers it uses.
@@ -144,10 +144,10 @@ def main() -> int:
         expected = values if direction == "unpack" else (packed if "word" not in name else packed.view(torch.int32))
         ok = bool(torch.equal(out.view(-1), expected.view(-1)))
         del out
-        ms = median_ms(fn) if ok else None  # a wrong variant is not timed
-        gbps = moved / (ms * 1e-3) / 1e9 if ok else None
-        rows.append({"variant": name, "direction": direction, "correct": ok, "ms": ms, "gbps": gbps,
-                     "pct_of_copy": 100 * gbps / copy if ok else None})
+        figures = bandwidth_metrics(moved, median_ms(fn)) if ok else {}  # a wrong variant is not timed
+        ms = figures.get("ms")
+        rows.append({"variant": name, "direction": direction, "correct": ok, "ms": ms, "gbps": figures.get("gbps"),
+                     "pct_of_copy": figures.get("pct_of_peak")})
         timing = f"{ms:8.3f} ms {rows[-1]['pct_of_copy']:6.1f}% of copy" if ok else "not timed"
         print(f"{name:<44} {'ok' if ok else 'WRONG':<5} {timing}", flush=True)
     out_dir = Path(args.out)

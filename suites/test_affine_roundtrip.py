@@ -31,6 +31,8 @@ from kernels.affine import (
     QuantizeTile,
     _launch_quantize,
     affine_params,
+    check_tile,
+    default_tile,
     dequantize_codes,
     quantize_codes,
     quantize_dequantize,
@@ -237,6 +239,14 @@ def test_bad_tile_is_a_value_error_naming_the_field(tile, per_channel, match):
     qkv = QuantizedKV.empty(1, 1, 64, bits=3, group_size=32, capacity=32)
     with pytest.raises(ValueError, match=match):
         _launch_quantize(x, qkv.k_codes, qkv.k_scale, qkv.k_zero, 0, 32, 3, per_channel, tile)
+
+
+@pytest.mark.parametrize("per_channel", [True, False], ids=["k", "v"])
+def test_every_default_tile_passes_the_tile_check(per_channel):
+    """Launches take their default tile unchecked: every one must be one check_tile accepts."""
+    for group_size in (32, 64, 128):
+        for d in range(group_size, 513, group_size):
+            check_tile(default_tile(group_size, per_channel, d), group_size, per_channel, d)
 
 
 def test_partial_group_is_a_value_error_naming_x():
