@@ -42,6 +42,8 @@ RUNS_SUBDIR = "runs"
 DEFAULT_TIMEOUT_S = 900
 # Environment the GPU suites get on top of the caller's: compiled kernels, never the interpreter.
 GPU_ENV = {"TRITON_INTERPRET": "0", "PYTHONUNBUFFERED": "1"}
+# harness/triton_cache.py (not imported here: it needs triton, this module must not)
+COMPILE_ONCE_CACHE_MANAGER = "harness.triton_cache:CompileOnceCacheManager"
 # ... and the interpreter suites: no CUDA device at all, kernels in the interpreter.
 INTERPRETER_ENV = {"TRITON_INTERPRET": "1", "CUDA_VISIBLE_DEVICES": "", "PYTHONUNBUFFERED": "1"}
 # Variables passed from the host into the container when set there.
@@ -255,6 +257,16 @@ def usable_cpus() -> int:
 DEFAULT_EXT_ROOT = Path.home() / ".cache" / "kvbits" / "torch_extensions"
 
 
+GPUS_VAR = "KVH_GPUS"  # the devices harness/gpu_workers.py spreads xdist workers over
+
+
+def spread_controller(environ: Mapping[str, str] = os.environ) -> bool:
+    """True in the pytest-xdist controller of a run spread over GPUs (``KVH_GPUS`` set, not a
+    worker): it runs no test, so it leaves torch and CUDA to its workers, which then start
+    without waiting for it to import them."""
+    return bool(environ.get(GPUS_VAR, "").strip()) and not environ.get("PYTEST_XDIST_WORKER")
+
+
 def pinned_env(device: str, environ: Mapping[str, str] = os.environ) -> dict[str, str]:
     """What pins a process to one GPU: ``CUDA_VISIBLE_DEVICES`` (an entry of the outer list) and
     that GPU's own CUDA extension build root under ``KVH_EXT_DIR``. The suites' workers of the
@@ -290,7 +302,8 @@ def plan(
     - ``tests``: ``tests/`` and ``suites/`` in the Triton interpreter, no benchmarks, ``-n auto``.
     - ``verify``: with GPUs as ``gpu_verify``; without, ``suites/`` in the interpreter.
     - ``gpu_verify``: ``suites/`` over every GPU (one xdist worker per GPU times
-      ``workers_per_gpu``, each pinned), then the headline benchmark cases serially on the
+      ``workers_per_gpu``, each pinned, compiling each Triton specialization once between
+      them unless ``TRITON_CACHE_MANAGER`` names another cache manager), then the headline benchmark cases serially on the
       first GPU, with its extension builds (cases marked ``sweep`` are left to ``bench``).
     - ``bench``: every benchmark case (the sweep too), serially, on whatever device there is.
     ``gpus`` lists the device ids to use (entries of ``CUDA_VISIBLE_DEVICES``), empty for none.
@@ -308,7 +321,9 @@ def plan(
         paths = ["tests", "suites"] if kind == "tests" else ["suites"]
         out = run_dir(kind, leg, reports_dir=reports_dir)
         if on_gpu:
-            suite_env = {**env, "KVH_GPUS": ",".join(gpus)}
+            suite_env = {**env, GPUS_VAR: ",".join(gpus)}
+            if not environ.get("TRITON_CACHE_MANAGER"):  # the workers compile each kernel once
+                suite_env["TRITON_CACHE_MANAGER"] = COMPILE_ONCE_CACHE_MANAGER
             argv = pytest_command(python, paths, marker="not bench", results_dir=out, leg=leg,
                                   workers=len(gpus) * workers_per_gpu, pin_gpus=True,
                                   timeout=timeout, timeout_method="thread", extra=extra)

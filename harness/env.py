@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import argparse
+import json
 import os
 import platform
 import socket
@@ -109,3 +111,52 @@ def _nvcc_version() -> str | None:
         if "release" in line:
             return line.split("release")[-1].split(",")[0].strip()
     return None
+
+
+class BackgroundCapture:
+    """:func:`capture` run in a child process, so that the caller neither imports torch nor
+    touches CUDA (the controller of a run spread over GPUs: its workers start sooner).
+    :meth:`result` waits for it; should the child fail, it captures in this process instead."""
+
+    def __init__(self, leg: str | None = None, python: str = sys.executable) -> None:
+        self.leg = leg
+        root = str(Path(__file__).resolve().parent.parent)
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH")) if p)}
+        argv = [python, "-m", "harness.env", *(["--leg", leg] if leg else [])]
+        self._result: dict | None = None
+        try:
+            self._proc = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+                                          text=True)
+        except OSError:
+            self._proc = None
+
+    def ready(self) -> bool:
+        return self._result is not None or self._proc is None or self._proc.poll() is not None
+
+    def result(self) -> dict:
+        if self._result is None:
+            try:
+                if self._proc is None:
+                    raise ValueError("no capture process")
+                out, _ = self._proc.communicate(timeout=300)
+                found = json.loads(out.strip().splitlines()[-1])
+                if not isinstance(found, dict) or "mode" not in found:
+                    raise ValueError("not a capture")
+                self._result = found
+            except (subprocess.SubprocessError, ValueError, IndexError):
+                if self._proc is not None:
+                    self._proc.kill()
+                self._result = capture(self.leg)
+        return self._result
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m harness.env", description="Print capture() as JSON.")
+    parser.add_argument("--leg", default=None)
+    args = parser.parse_args(argv)
+    print(json.dumps(capture(args.leg)))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -27,10 +27,9 @@ from collections.abc import MutableMapping, Sequence
 
 import pytest
 
-from .commands import pinned_env
+from .commands import GPUS_VAR, pinned_env
 from .plugin import PROPERTY
 
-GPUS_VAR = "KVH_GPUS"
 PINNED_VAR = "KVH_WORKER_GPU"
 _WORKER_ID = re.compile(r"^gw(\d+)$")
 

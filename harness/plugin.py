@@ -25,7 +25,7 @@ from pathlib import Path
 import pytest
 
 from . import timeline
-from .commands import usable_cpus
+from .commands import spread_controller, usable_cpus
 from .records import MANIFEST_FILE, RECORDS_FILE, Record, RecordWriter, utc_now, write_json_atomic
 
 PROPERTY = "kvh_record"
@@ -99,6 +99,9 @@ def _text(report) -> str | None:
     return text[-4000:]
 
 
+COMPILES_KEY = "kvh_triton_compiles"  # a worker's compile counts in xdist's workeroutput
+
+
 class ProcessTimeline:
     """This process's moments (timeline.MARKS), in the controller and in each xdist worker; a
     worker hands its marks to the controller through xdist's ``workeroutput`` when it ends."""
@@ -123,17 +126,26 @@ class ProcessTimeline:
         output = getattr(self.config, "workeroutput", None)
         if isinstance(output, dict):
             output[timeline.KEY] = dict(self.marks.times)
+            compile_once = sys.modules.get("harness.triton_cache")  # loaded by Triton when chosen
+            if compile_once is not None:
+                output[COMPILES_KEY] = dict(compile_once.STATS)
 
 
 class RecordingPlugin:
     def __init__(self, config) -> None:
         self.config = config
         self.worker_marks: dict[str, dict] = {}
+        self.triton_compiles: dict[str, int] = {}  # summed over workers (harness/triton_cache.py)
         leg = config.getoption("leg") or os.environ.get("KVH_LEG")
-        from .env import capture
+        from .env import BackgroundCapture, capture
 
-        self.env = capture(leg)
-        self.leg = self.env["leg"]
+        self._env: dict | None = None
+        self._env_pending = None
+        if spread_controller(os.environ):  # torch is the workers' to import: capture in a child
+            self._env_pending = BackgroundCapture(leg)
+        else:
+            self._env = capture(leg)
+        self.leg = leg or self.env["leg"]
         default = os.environ.get("KVH_RESULTS_DIR") or Path("reports") / "runs" / _dt.datetime.now(
             _dt.timezone.utc
         ).strftime("%Y%m%dT%H%M%SZ")
@@ -149,8 +161,8 @@ class RecordingPlugin:
         self.manifest = {
             "run_id": self.run_id,
             "leg": self.leg,
-            "mode": self.env["mode"],
-            "env": self.env,
+            "mode": self._env and self._env["mode"],
+            "env": self._env,
             "started": utc_now(),
             "finished": None,
             "complete": False,
@@ -160,6 +172,20 @@ class RecordingPlugin:
         write_json_atomic(self.run_dir / MANIFEST_FILE, self.manifest)
         self.process = ProcessTimeline(config)
         config.pluginmanager.register(self.process, "kvh-timeline")
+
+    @property
+    def env(self) -> dict:
+        """This run's environment (harness.env.capture), waiting for the background capture."""
+        if self._env is None:
+            self._env = self._env_pending.result()
+            self.manifest.update(mode=self._env["mode"], env=self._env)
+            write_json_atomic(self.run_dir / MANIFEST_FILE, self.manifest)
+        return self._env
+
+    def _env_when_ready(self) -> None:
+        """Fill the manifest's environment as soon as the background capture has finished."""
+        if self._env is None and self._env_pending.ready():
+            self.env  # noqa: B018  (resolves and writes the manifest)
 
     # -- benchmark progress: one line per timed case as it lands ------------------------
     def pytest_collection_finish(self, session) -> None:
@@ -207,6 +233,11 @@ class RecordingPlugin:
         name = getattr(getattr(node, "gateway", None), "id", None)
         if isinstance(marks, dict) and name:
             self.worker_marks[str(name)] = marks
+        compiles = (getattr(node, "workeroutput", None) or {}).get(COMPILES_KEY)
+        if isinstance(compiles, dict):
+            for key, n in compiles.items():
+                if isinstance(n, int) and not isinstance(n, bool):
+                    self.triton_compiles[key] = self.triton_compiles.get(key, 0) + n
 
     def pytest_runtest_logreport(self, report) -> None:
         if report.when == "???":  # pytest-xdist: the worker died while running this test
@@ -274,6 +305,7 @@ class RecordingPlugin:
         self.counts[outcome] = self.counts.get(outcome, 0) + 1
         self.manifest["counts"] = dict(self.counts)
         self._progress_line(record)
+        self._env_when_ready()
 
     # -- end of run ------------------------------------------------------------------
     def pytest_sessionfinish(self, session, exitstatus) -> None:
@@ -293,8 +325,11 @@ class RecordingPlugin:
                 )
             )
         self.writer.close()
+        self.env  # noqa: B018  (the manifest below carries it)
         self.process.marks.last("finished")
         self.manifest["timeline"] = timeline.build(self.process.marks.times, self.worker_marks)
+        if self.triton_compiles:
+            self.manifest["triton_compiles"] = dict(self.triton_compiles)
         self.manifest["finished"] = utc_now()
         self.manifest["complete"] = exitstatus in (0, 1) and not session.shouldstop
         self.manifest["exitstatus"] = int(exitstatus)

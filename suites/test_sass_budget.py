@@ -23,13 +23,13 @@ CASES = {  # specialization -> what its figures stand for
 }
 
 
-@pytest.fixture(scope="module")
-def budgets() -> dict:
-    """Every listed specialization compiled for sm_90 in one child process (the compiler needs
-    TRITON_INTERPRET=0 before the kernels are imported)."""
+def compiled_budget(name: str) -> dict:
+    """One specialization compiled for sm_90 in a child process of its own (the compiler needs
+    TRITON_INTERPRET=0 before the kernels are imported; one case per child, so that the cases
+    spread over pytest-xdist workers instead of each worker compiling all of them)."""
     env = {**os.environ, "TRITON_INTERPRET": "0", "PYTHONPATH": str(ROOT)}
     out = subprocess.run([sys.executable, "-m", "harness.sass", "--arch", "90", "--json",
-                          "--module", "kernels.decode", "kernels.affine", "--name", *CASES],
+                          "--module", "kernels.decode", "kernels.affine", "--name", name],
                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
     found = {}
     for line in out.stdout.splitlines():
@@ -40,8 +40,9 @@ def budgets() -> dict:
 
 
 @pytest.mark.parametrize("name", list(CASES))
-def test_instruction_budget(record, budgets, name):
+def test_instruction_budget(record, name):
     record.backend, record.variant, record.device = "triton", name, "sm_90 (static)"
+    budgets = compiled_budget(name)
     assert budgets["returncode"] == 0, budgets["stderr"]
     item = budgets["found"].get(name)
     assert item is not None, f"{name} was not compiled; got {sorted(budgets['found'])}"

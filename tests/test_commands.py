@@ -155,6 +155,29 @@ def test_plan_gpu_verify_benchmarks_run_on_the_first_gpu_with_its_builds(tmp_pat
     assert "CUDA_VISIBLE_DEVICES" not in alone.env and "KVH_EXT_DIR" not in alone.env
 
 
+def test_plan_gpu_suites_compile_each_triton_kernel_once_unless_a_cache_manager_is_chosen():
+    suites, bench = commands.plan("gpu_verify", python=PY, leg="L", gpus=["0", "1"], environ={})
+    assert suites.env["TRITON_CACHE_MANAGER"] == "harness.triton_cache:CompileOnceCacheManager"
+    assert "TRITON_CACHE_MANAGER" not in bench.env  # one process: nothing to share
+    module, name = suites.env["TRITON_CACHE_MANAGER"].split(":")
+    assert module == "harness.triton_cache" and name == "CompileOnceCacheManager"
+    (own,) = commands.plan("gpu_verify", python=PY, leg="L", gpus=["0"], bench=False,
+                           environ={"TRITON_CACHE_MANAGER": "mine:Manager"})
+    assert "TRITON_CACHE_MANAGER" not in own.env  # the user's choice is inherited untouched
+    (interpreted,) = commands.plan("tests", python=PY, leg="L", gpus=[], environ={})
+    assert "TRITON_CACHE_MANAGER" not in interpreted.env
+
+
+@pytest.mark.parametrize(("environ", "expected"), [
+    ({"KVH_GPUS": "0,1"}, True),
+    ({"KVH_GPUS": "0", "PYTEST_XDIST_WORKER": "gw3"}, False),
+    ({"KVH_GPUS": " "}, False),
+    ({}, False),
+])
+def test_spread_controller_is_the_controller_of_a_run_over_gpus(environ, expected):
+    assert commands.spread_controller(environ) is expected
+
+
 @pytest.mark.parametrize(("gpus", "cpus", "expected"), [
     (1, 16, 8), (2, 32, 8), (1, 2, 1), (1, 1, 1), (4, 16, 2), (1, 64, 8), (2, None, 1),
 ])
