@@ -163,6 +163,12 @@ def elements_per_thread(spec) -> float | None:
     return None
 
 
+def figures(spec, arch: int = 90) -> dict:
+    """The JSON object ``--json`` prints for one specialization."""
+    b = budget(spec, arch)
+    return {"name": b.name, "arch": b.arch, **b.metrics(elements_per_thread(spec))}
+
+
 def format_budget(b: Budget) -> str:
     line = (f"{b.name:<44} sm_{b.arch} {b.registers:>3} regs {b.stack_bytes:>4} B stack "
             f"{b.instructions:>6} SASS")
@@ -193,11 +199,10 @@ def main(argv=None) -> int:
     for spec in specs:
         if args.name and not any(part in spec.name for part in args.name):
             continue
-        b = budget(spec, args.arch)
         if args.json:
-            print(json.dumps({"name": b.name, "arch": b.arch, **b.metrics(elements_per_thread(spec))}), flush=True)
+            print(json.dumps(figures(spec, args.arch)), flush=True)
         else:
-            print(format_budget(b), flush=True)
+            print(format_budget(budget(spec, args.arch)), flush=True)
     return 1 if problems else 0
 
 

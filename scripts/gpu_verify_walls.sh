@@ -62,7 +62,9 @@ run() {  # run NAME GPUS LIMIT SESSION [args]
   steps=$(grep -E "^      (suites|benchmarks|report) " "$out/$name.log" | awk '{print $1 " " $(NF-1) " s"}' | paste -sd, -)
   local where
   where=$(grep -hoE "\[kvh\] suites: first test at .*" "$out/$name.log" | tail -1 | sed 's/^\[kvh\] suites: //')
-  rows+=("| $name | $gpus | $session $* | $rc | $wall | $steps | $counts | $where |")
+  local compiles
+  compiles=$(grep -hoE "\[kvh\] suites: Triton compiles .*" "$out/$name.log" | tail -1 | sed 's/^\[kvh\] suites: Triton compiles //')
+  rows+=("| $name | $gpus | $session $* | $rc | $wall | $steps | $counts | $where | ${compiles:--} |")
   echo "[walls] $name: exit $rc after $wall s ($counts)"
 }
 
@@ -79,8 +81,8 @@ for name in $runs; do
 done
 
 {
-  echo "| run | CUDA_VISIBLE_DEVICES | session | exit | wall s | steps | pytest | suites timeline |"
-  echo "| --- | --- | --- | --- | --- | --- | --- | --- |"
+  echo "| run | CUDA_VISIBLE_DEVICES | session | exit | wall s | steps | pytest | suites timeline | Triton compiles |"
+  echo "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"
   printf '%s\n' "${rows[@]}"
 } >"$out/walls.md"
 tar czf "$out/walls.tgz" -C "$work" --exclude 'cache-*' .
