@@ -31,3 +31,10 @@ def on_device(device: torch.device):
     """Make ``device`` current for kernel launches (Triton and raw CUDA launch on the current
     device, not on their tensors' device); a no-op context for CPU tensors."""
     return torch.cuda.device(device) if device.type == "cuda" else contextlib.nullcontext()
+
+
+def sm_count(device: torch.device) -> int:
+    """Streaming multiprocessors of a CUDA device (for grids sized to the GPU); 1 for CPU tensors."""
+    if device.type != "cuda":
+        return 1
+    return torch.cuda.get_device_properties(device).multi_processor_count

@@ -46,7 +46,7 @@ from ._checks import (
     require_tensor,
     resolve_backend,
 )
-from ._runtime import on_device, triton_interpreted
+from ._runtime import on_device, sm_count, triton_interpreted
 from .aot import AotSpec
 from .kv_cache import QuantizedKV
 from .paged import (
@@ -537,7 +537,7 @@ def _target_programs(device: torch.device) -> int:
     """Split programs to aim for at batch 1: SPLIT_PROGRAMS_PER_SM per SM on a GPU; a few in the
     interpreter, which pays per program."""
     if device.type == "cuda":
-        return SPLIT_PROGRAMS_PER_SM * torch.cuda.get_device_properties(device).multi_processor_count
+        return SPLIT_PROGRAMS_PER_SM * sm_count(device)
     return 4
 
 

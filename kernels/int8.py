@@ -65,7 +65,7 @@ from ._checks import (
     require_tensor,
     resolve_backend,
 )
-from ._runtime import on_device, triton_interpreted
+from ._runtime import on_device, sm_count, triton_interpreted
 from .aot import AotSpec
 
 VARIANTS = ("torch", "cpu_baseline", "naive", "tiled", "coarsened", "vectorized", "triton")
@@ -355,7 +355,7 @@ def _tile(D: int) -> tuple[int, int]:
 
 def _device_programs(device: torch.device) -> int:
     if device.type == "cuda":
-        return torch.cuda.get_device_properties(device).multi_processor_count * 4
+        return sm_count(device) * 4
     return 2
 
 
