@@ -325,9 +325,9 @@ def _quantize_kernel(
     codes: uint8 [B, H, capacity, D*BITS/8]
     scale, zero: fp16/fp32, K: [B, H, capacity/G, D]; V: [B, H, capacity, D/G]
     Tile: K takes TOKENS == G tokens (one group per channel); V takes any power-of-two
-    TOKENS (rows past src_tokens masked unless EVEN_TOKENS); CHANNELS is a multiple of G
-    dividing D. Source token t lands at cache token tok_offset + t (tok_offset a multiple
-    of G). Grid: (cdiv(src_tokens, TOKENS), D / CHANNELS, B * H). Every input element is
+    TOKENS (rows past src_tokens masked unless EVEN_TOKENS); CHANNELS divides D and is a
+    multiple of G for V, of 32 for K. Source token t lands at cache token tok_offset + t
+    (tok_offset a multiple of G). Grid: (cdiv(src_tokens, TOKENS), D / CHANNELS, B * H). Every input element is
     read once.
     """
     pid_t = tl.program_id(0)
@@ -369,11 +369,13 @@ def _quantize_kernel(
 
 
 class QuantizeTile(NamedTuple):
-    """One program's tile of the quantize kernel: tokens x channels, and its warps."""
+    """One program's tile of the quantize kernel: tokens x channels, its warps, and a cap on
+    registers per thread (0: the compiler's choice; a lower cap lets more programs share an SM)."""
 
     tokens: int
     channels: int
     warps: int
+    registers: int = 0
 
 
 # Measured on an H200 (3 bits, fp16 [8, 8, 32768, 128], scripts/gpu_affine_sweep.py): K tiles
@@ -399,15 +401,17 @@ def default_tile(group_size: int, per_channel: bool, head_dim: int) -> QuantizeT
 
 def check_tile(tile: QuantizeTile, group_size: int, per_channel: bool, head_dim: int) -> None:
     """ValueError naming the field when ``tile`` cannot quantize groups of group_size."""
-    tokens, channels, warps = tile
+    tokens, channels, warps, registers = tile
     for name, n in (("tokens", tokens), ("channels", channels), ("warps", warps)):
         if not isinstance(n, int) or isinstance(n, bool) or n < 1 or n & (n - 1):
             raise ValueError(f"tile.{name} must be a power of two; got {n!r}")
+    if not isinstance(registers, int) or isinstance(registers, bool) or not (registers == 0 or 24 <= registers <= 255):
+        raise ValueError(f"tile.registers must be 0 (no cap) or 24 to 255; got {registers!r}")
     if per_channel and tokens != group_size:
         raise ValueError(f"tile.tokens must equal group_size={group_size} for K (per-channel groups); got {tokens}")
-    if channels % group_size or head_dim % channels:
-        raise ValueError(f"tile.channels must be a multiple of group_size={group_size} dividing D={head_dim}; "
-                         f"got {channels}")
+    unit = 32 if per_channel else group_size  # K rows pack whole words of 32 values; V rows whole groups
+    if channels % unit or head_dim % channels:
+        raise ValueError(f"tile.channels must be a multiple of {unit} dividing D={head_dim}; got {channels}")
     if not per_channel and tokens < 2:
         raise ValueError(f"tile.tokens must be at least 2; got {tokens}")
 
@@ -430,6 +434,7 @@ def _launch_quantize(x, codes, scale, zero, tok_offset, group_size, bits, per_ch
             SCALE_FP16=scale.dtype == torch.float16, FLOOR=SCALE_FLOOR[scale.dtype],
             INTERPRET=triton_interpreted(), TOKENS=tile.tokens, CHANNELS=tile.channels,
             EVEN_TOKENS=t % tile.tokens == 0, num_warps=tile.warps,
+            **({"maxnreg": tile.registers} if tile.registers else {}),
         )
     # torch does not see a kernel's writes: bump the version counters so that views built
     # from these tensors (the decode arrangement) know they changed

@@ -3,10 +3,11 @@ measured in the same run: which tile (tokens x channels per program, warps) move
 fp16 [8, 8, 32768, 128] cache fastest.
 
     PYTHONUNBUFFERED=1 python scripts/gpu_affine_sweep.py [--out DIR] [--bits 3] [--group-size 64]
+        [--registers 0 96 128 ...]
 
 Every tile's cache (codes, scales, zeros) is compared bit for bit with the torch reference's
 before it is timed; a wrong tile is reported and not timed. Bytes per side: the input read
-once, codes, scales and zeros written once. Writes affine_sweep_b<bits>_g<G>.json under --out (default
+once, codes, scales and zeros written once. Writes affine_sweep_b<bits>_g<G>[_registers].json under --out (default
 $OUT or reports/affine) and prints the table last, with the best K + best V against the default.
 """
 
@@ -32,7 +33,8 @@ SHAPE = (8, 8, 32768, 128)
 
 def tiles(per_channel: bool, group_size: int, head_dim: int):
     """Every tile worth timing for one side (K tiles hold exactly one group of tokens)."""
-    channels = [c for c in (group_size, 2 * group_size, head_dim) if c <= head_dim and head_dim % c == 0]
+    smallest = 32 if per_channel else group_size  # K rows may split into words of 32 values
+    channels = [c for c in (smallest, group_size, 2 * group_size, head_dim) if c <= head_dim and head_dim % c == 0]
     token_choices = [group_size] if per_channel else [16, 32, 64, 128, 256]
     for tokens in token_choices:
         for ch in sorted(set(channels)):
@@ -46,6 +48,10 @@ def main() -> int:
     parser.add_argument("--out", default=os.environ.get("OUT") or str(ROOT / "reports" / "affine"))
     parser.add_argument("--bits", type=int, default=3)
     parser.add_argument("--group-size", type=int, default=64)
+    parser.add_argument("--side", choices=("k", "v", "both"), default="both", help="which side to sweep")
+    parser.add_argument("--registers", type=int, nargs="+", default=None,
+                        help="instead of the tile sweep, time each side's default tile under these register caps "
+                             "per thread (0: no cap)")
     args = parser.parse_args()
     bits, g = args.bits, args.group_size
     b, h, s, d = SHAPE
@@ -62,11 +68,17 @@ def main() -> int:
     copy = copy_bandwidth_gbps()
     rows = []
     for per_channel, x, side in ((True, k, "k"), (False, v, "v")):
+        if args.side not in ("both", side):
+            continue
         fields = [f"{side}_{f}" for f in ("codes", "scale", "zero")]
         moved = x.numel() * x.element_size() + sum(getattr(ref, f).numel() * getattr(ref, f).element_size()
                                                    for f in fields)
         default_of_side = default_tile(g, per_channel, d)
-        for tile in tiles(per_channel, g, d):
+        if args.registers:
+            candidates = [default_of_side._replace(registers=r) for r in args.registers]
+        else:
+            candidates = tiles(per_channel, g, d)
+        for tile in candidates:
             got = empty()
             for f in fields:
                 getattr(got, f).fill_(0xFF if f.endswith("codes") else float("nan"))
@@ -86,16 +98,18 @@ def main() -> int:
             figures = bandwidth_metrics(moved, median_ms(launch)) if ok else {}
             ms = figures.get("ms")
             row = {"side": side, "tokens": tile.tokens, "channels": tile.channels, "warps": tile.warps,
-                   "default": tile == default_of_side, "correct": ok, "error": error, "ms": ms,
+                   "registers": tile.registers, "default": tile == default_of_side, "correct": ok, "error": error, "ms": ms,
                    "gbps": figures.get("gbps"), "pct_of_copy": figures.get("pct_of_peak"), "bytes": moved}
             rows.append(row)
-            name = f"{side} t{tile.tokens} c{tile.channels} w{tile.warps}{' (default)' if row['default'] else ''}"
+            cap = f" r{tile.registers}" if tile.registers else ""
+            name = f"{side} t{tile.tokens} c{tile.channels} w{tile.warps}{cap}{' (default)' if row['default'] else ''}"
             timing = f"{ms:8.4f} ms {row['pct_of_copy']:6.1f}% of copy" if ok else (error or "WRONG")
             print(f"{name:<28} {timing}", flush=True)
             del got
     out_dir = Path(args.out)
     out_dir.mkdir(parents=True, exist_ok=True)
-    (out_dir / f"affine_sweep_b{bits}_g{g}.json").write_text(json.dumps(
+    suffix = "_registers" if args.registers else ""
+    (out_dir / f"affine_sweep_b{bits}_g{g}{suffix}.json").write_text(json.dumps(
         {"gpu": torch.cuda.get_device_name(0), "copy_gbps": copy, "shape": list(SHAPE), "bits": bits,
          "group_size": g, "rows": rows}, indent=2) + "\n")
     print(f"\ncopy {copy:,.0f} GB/s; bits {bits} G={g} fp16 {list(SHAPE)}; best per side:")
@@ -103,7 +117,8 @@ def main() -> int:
     for side in ("k", "v"):
         timed = sorted((r for r in rows if r["side"] == side and r["correct"]), key=lambda r: r["ms"])
         for r in timed[:4]:
-            print(f"  {side} t{r['tokens']:<4} c{r['channels']:<4} w{r['warps']:<2} {r['ms']:.4f} ms "
+            cap = f" r{r['registers']}" if r["registers"] else ""
+            print(f"  {side} t{r['tokens']:<4} c{r['channels']:<4} w{r['warps']:<2}{cap} {r['ms']:.4f} ms "
                   f"{r['pct_of_copy']:.1f}% of copy{' (default)' if r['default'] else ''}")
         best[side] = timed[0] if timed else None
         default[side] = next((r for r in rows if r["side"] == side and r["default"]), None)

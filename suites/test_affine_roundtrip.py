@@ -192,7 +192,7 @@ _TILES = [  # (per_channel, tokens, channels, warps, D) at G=32: one group, whol
     # and 128-value runs (three 16-byte stores per 48 bytes) once and twice per row
     (True, 32, 32, 1, 64), (True, 32, 64, 2, 64), (False, 32, 32, 1, 64), (False, 64, 64, 2, 64),
     (False, 128, 32, 4, 64), (False, 2, 64, 1, 64), (True, 32, 128, 2, 128), (False, 64, 128, 4, 256),
-    (True, 32, 256, 4, 256), (False, 16, 256, 1, 256),
+    (True, 32, 256, 4, 256), (False, 16, 256, 1, 256), (True, 32, 32, 1, 128),
 ]
 
 
@@ -228,7 +228,9 @@ def test_every_tile_shape_writes_the_reference(record, seed, device, backend, pe
 @pytest.mark.parametrize(("tile", "per_channel", "match"), [
     (QuantizeTile(64, 32, 1), True, "tile.tokens must equal group_size"),
     (QuantizeTile(32, 48, 1), False, "tile.channels must be a power of two"),
-    (QuantizeTile(32, 16, 1), False, "tile.channels must be a multiple of group_size"),
+    (QuantizeTile(32, 16, 1), False, "tile.channels must be a multiple of 32 dividing D=64"),
+    (QuantizeTile(32, 16, 1), True, "tile.channels must be a multiple of 32 dividing D=64"),
+    (QuantizeTile(32, 32, 1, 16), False, "tile.registers must be 0 \\(no cap\\) or 24 to 255"),
     (QuantizeTile(32, 128, 1), True, "dividing D=64"),
     (QuantizeTile(32, 32, 3), False, "tile.warps must be a power of two"),
     (QuantizeTile(1, 32, 1), False, "tile.tokens must be at least 2"),
