@@ -125,7 +125,7 @@ class BackgroundCapture:
         argv = [python, "-m", "harness.env", *(["--leg", leg] if leg else [])]
         self._result: dict | None = None
         try:
-            self._proc = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+            self._proc = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                           text=True)
         except OSError:
             self._proc = None
@@ -135,18 +135,25 @@ class BackgroundCapture:
 
     def result(self) -> dict:
         if self._result is None:
+            problem = "the capture process could not start"
             try:
                 if self._proc is None:
-                    raise ValueError("no capture process")
-                out, _ = self._proc.communicate(timeout=300)
+                    raise ValueError(problem)
+                out, err = self._proc.communicate(timeout=300)
+                problem = (err.strip().splitlines() or [f"exit {self._proc.returncode}"])[-1]
                 found = json.loads(out.strip().splitlines()[-1])
                 if not isinstance(found, dict) or "mode" not in found:
                     raise ValueError("not a capture")
                 self._result = found
             except (subprocess.SubprocessError, ValueError, IndexError):
-                if self._proc is not None:
+                if self._proc is not None and self._proc.poll() is None:
                     self._proc.kill()
-                self._result = capture(self.leg)
+                    self._proc.wait()
+                try:
+                    self._result = {**capture(self.leg), "capture_problem": problem}
+                except Exception as exc:  # noqa: BLE001 - the manifest must still be written
+                    self._result = {"leg": self.leg, "mode": None, "capture_problem": problem,
+                                    "capture_error": f"{type(exc).__name__}: {exc}"}
         return self._result
 
 

@@ -5,9 +5,11 @@ specialization at the same moment all miss it and all compile it: cold suites sp
 16 workers spent twice the compile time of 8. :class:`CompileOnceCacheManager` takes a
 file lock of the specialization's cache directory on a miss and looks again once it holds
 it, so the first process compiles and stores while the others wait, then load what it
-stored. The lock is dropped when the compiled group is stored, when the manager is freed
-(a failed compile), or by the system when the process ends; a waiter gives up waiting
-after :data:`WAIT_S` seconds and compiles by itself.
+stored. The lock is dropped when the compiled group is stored, when the manager is freed,
+by :func:`release_all` (the harness's pytest plugin calls it after every test, so a compile
+that failed, whose manager a traceback may keep alive, holds nobody up past its test), or
+by the system when the process ends; a waiter gives up waiting after :data:`WAIT_S`
+seconds and compiles by itself.
 
 Select it with ``TRITON_CACHE_MANAGER=harness.triton_cache:CompileOnceCacheManager``
 (``harness.commands.plan`` does for the suites of a GPU run).
@@ -26,6 +28,18 @@ WAIT_S = 600.0
 POLL_S = 0.02
 # this process's compiles stored, and compiles it waited for and then loaded from another
 STATS = {"stored": 0, "loaded_after_wait": 0}
+_HELD: dict[int, int] = {}  # this process's held locks: token -> descriptor of the lock file
+_tokens = iter(range(1, 1 << 62))
+
+
+def release_all() -> int:
+    """Drop every lock this process holds (compiles it began and never stored); how many."""
+    count = 0
+    while _HELD:
+        _, fd = _HELD.popitem()
+        os.close(fd)  # closing the descriptor drops the process's lock
+        count += 1
+    return count
 
 
 class CompileOnceCacheManager(FileCacheManager):
@@ -34,11 +48,11 @@ class CompileOnceCacheManager(FileCacheManager):
     def __init__(self, key, override=False, dump=False):
         super().__init__(key, override=override, dump=dump)
         self._guards_compiles = not (override or dump)
-        self._lock_fd: int | None = None
+        self._lock_token: int | None = None
 
     def get_group(self, filename: str):
         found = super().get_group(filename)
-        if not self._guards_compiles or _complete(found, filename) or self._lock_fd is not None:
+        if not self._guards_compiles or _complete(found, filename) or self.holds_lock:
             return found
         self._lock()
         found = super().get_group(filename)  # stored by another process while this one waited
@@ -68,11 +82,17 @@ class CompileOnceCacheManager(FileCacheManager):
                     continue
                 os.close(fd)  # waited long enough: compile without the lock
                 return
-            self._lock_fd = fd
+            self._lock_token = next(_tokens)
+            _HELD[self._lock_token] = fd
             return
 
+    @property
+    def holds_lock(self) -> bool:
+        return self._lock_token is not None and self._lock_token in _HELD
+
     def _unlock(self) -> None:
-        fd, self._lock_fd = self._lock_fd, None
+        token, self._lock_token = self._lock_token, None
+        fd = _HELD.pop(token, None) if token is not None else None
         if fd is not None:
             os.close(fd)  # closing the descriptor drops the process's lock
 

@@ -7,7 +7,7 @@ fp16 [8, 8, 32768, 128] cache fastest.
 
 Every tile's cache (codes, scales, zeros) is compared bit for bit with the torch reference's
 before it is timed; a wrong tile is reported and not timed. Bytes per side: the input read
-once, codes, scales and zeros written once. Writes affine_sweep_b<bits>_g<G>[_registers].json under --out (default
+once, codes, scales and zeros written once. Writes affine_sweep_b<bits>_g<G>[_registers][_k_only|_v_only].json under --out (default
 $OUT or reports/affine) and prints the table last, with the best K + best V against the default.
 """
 
@@ -108,7 +108,7 @@ def main() -> int:
             del got
     out_dir = Path(args.out)
     out_dir.mkdir(parents=True, exist_ok=True)
-    suffix = "_registers" if args.registers else ""
+    suffix = ("_registers" if args.registers else "") + ("" if args.side == "both" else f"_{args.side}_only")
     (out_dir / f"affine_sweep_b{bits}_g{g}{suffix}.json").write_text(json.dumps(
         {"gpu": torch.cuda.get_device_name(0), "copy_gbps": copy, "shape": list(SHAPE), "bits": bits,
          "group_size": g, "rows": rows}, indent=2) + "\n")

@@ -225,6 +225,22 @@ def test_every_tile_shape_writes_the_reference(record, seed, device, backend, pe
     record.add(states_checked=x.numel(), bit_errors=0)
 
 
+@pytest.mark.parametrize(("device", "backend"), [p for p in device_backends() if "triton" in p.id])
+@pytest.mark.parametrize("channels", [32, 64])
+def test_k_tiles_narrower_than_the_group_write_the_reference(record, seed, device, backend, channels):
+    """K groups run along tokens, so a K tile may cover fewer channels than G (any multiple of 32)."""
+    g, bits = 64, 3
+    qkv = QuantizedKV.empty(2, 3, 128, bits=bits, group_size=g, capacity=128, device=device)
+    poison(qkv)
+    k, v = random_kv((2, 3, 128, 128), torch.float16, device, seed=seed, kind="outliers")
+    _launch_quantize(k, qkv.k_codes, qkv.k_scale, qkv.k_zero, 0, g, bits, True, QuantizeTile(g, channels, 1))
+    ref = quantize(k, v, bits, g, "torch")
+    for name in ("k_codes", "k_scale", "k_zero"):
+        assert torch.equal(getattr(qkv, name).view(torch.uint8), getattr(ref, name).view(torch.uint8)), name
+    record.backend, record.variant, record.device = backend, f"k-t{g}-c{channels}-w1-d128-g{g}", device
+    record.add(states_checked=k.numel(), bit_errors=0)
+
+
 @pytest.mark.parametrize(("tile", "per_channel", "match"), [
     (QuantizeTile(64, 32, 1), True, "tile.tokens must equal group_size"),
     (QuantizeTile(32, 48, 1), False, "tile.channels must be a power of two"),

@@ -18,27 +18,45 @@ ROOT = Path(__file__).resolve().parents[1]
 
 CONTROLLER = textwrap.dedent("""
     import json, sys, pytest
-    rc = pytest.main(["-p", "harness.gpu_workers", "suites/test_golden.py", "-n", "2", "-q",
-                      "-p", "no:cacheprovider", "--results-dir", sys.argv[1], "--leg", "spread-leg"])
+    leg = ["--leg", sys.argv[2]] if sys.argv[2] else []
+    rc = pytest.main(["-p", "harness.gpu_workers", "suites/test_golden.py", *sys.argv[3:], "-q",
+                      "-p", "no:cacheprovider", "--results-dir", sys.argv[1], *leg])
     print(json.dumps({"rc": int(rc), "torch_in_controller": "torch" in sys.modules}))
 """)
 
 
-def test_spread_controller_leaves_torch_to_its_workers(tmp_path):
-    pytest.importorskip("xdist")
+def _spread_run(tmp_path, leg: str, *args: str) -> tuple[dict, dict]:
+    """suites/test_golden.py run as gpu_verify runs its suites (KVH_GPUS set), with a device entry
+    that hides every GPU and a scratch extension root; the result and the manifest."""
     env = {k: v for k, v in os.environ.items() if k != "PYTEST_XDIST_WORKER"}
-    env.update(KVH_GPUS="0", PYTHONPATH=str(ROOT))
-    out = subprocess.run([sys.executable, "-c", CONTROLLER, str(tmp_path)], cwd=ROOT, env=env,
+    env.update(KVH_GPUS="-1", KVH_EXT_DIR=str(tmp_path / "ext"), PYTHONPATH=str(ROOT))
+    results = tmp_path / "results"
+    out = subprocess.run([sys.executable, "-c", CONTROLLER, str(results), leg, *args], cwd=ROOT, env=env,
                          capture_output=True, text=True, timeout=600)
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
-    result = json.loads(out.stdout.strip().splitlines()[-1])
-    assert result == {"rc": 0, "torch_in_controller": False}
-    manifest = json.loads((tmp_path / "manifest.json").read_text())
-    assert manifest["complete"] and manifest["leg"] == "spread-leg"
-    assert manifest["env"]["torch"] and manifest["env"]["leg"] == "spread-leg"
-    assert manifest["mode"] == manifest["env"]["mode"]
-    records = [json.loads(line) for line in (tmp_path / "records.jsonl").read_text().splitlines()]
+    manifest = json.loads((results / "manifest.json").read_text())
+    records = [json.loads(line) for line in (results / "records.jsonl").read_text().splitlines()]
     assert records and {r["outcome"] for r in records} == {"passed"}
+    assert manifest["complete"] and manifest["env"]["torch"]
+    assert manifest["mode"] == manifest["env"]["mode"] and manifest["leg"] == manifest["env"]["leg"]
+    return json.loads(out.stdout.strip().splitlines()[-1]), manifest
+
+
+def test_spread_controller_leaves_torch_to_its_workers(tmp_path):
+    pytest.importorskip("xdist")
+    result, manifest = _spread_run(tmp_path, "spread-leg", "-n", "2")
+    assert result == {"rc": 0, "torch_in_controller": False}
+    assert manifest["leg"] == "spread-leg" and "capture_problem" not in manifest["env"]
+
+
+@pytest.mark.parametrize("args", [("-n", "2"), ()], ids=["xdist", "no-xdist"])
+def test_spread_run_without_a_leg_names_it_from_the_environment(tmp_path, args):
+    """Without --leg the leg comes from torch and triton: the controller captures in process."""
+    if args:
+        pytest.importorskip("xdist")
+    result, manifest = _spread_run(tmp_path, "", *args)
+    assert result["rc"] == 0
+    assert manifest["leg"].startswith(("cpu-torch", "gpu-torch"))
 
 
 def test_background_capture_matches_capture_in_process():
@@ -52,10 +70,12 @@ def test_background_capture_matches_capture_in_process():
 
 def test_background_capture_falls_back_to_this_process(tmp_path):
     broken = tmp_path / "python"
-    broken.write_text("#!/bin/sh\necho not-json\n")
+    broken.write_text("#!/bin/sh\necho not-json\necho the capture broke >&2\n")
     broken.chmod(0o755)
-    assert harness_env.BackgroundCapture("L", python=str(broken)).result()["leg"] == "L"
-    assert harness_env.BackgroundCapture("L", python=str(tmp_path / "missing")).result()["leg"] == "L"
+    found = harness_env.BackgroundCapture("L", python=str(broken)).result()
+    assert found["leg"] == "L" and found["mode"] and found["capture_problem"] == "the capture broke"
+    missing = harness_env.BackgroundCapture("L", python=str(tmp_path / "missing")).result()
+    assert missing["leg"] == "L" and missing["capture_problem"] == "the capture process could not start"
 
 
 COUNTING = textwrap.dedent("""
