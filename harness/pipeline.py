@@ -151,10 +151,9 @@ def _say_timeline(name: str, results_dir: str) -> None:
     line = timeline.describe(manifest.get("timeline") if isinstance(manifest, dict) else None)
     if line:
         _say(f"{name}: {line}")
-    compiles = manifest.get("triton_compiles") if isinstance(manifest, dict) else None
-    if isinstance(compiles, dict):
-        _say(f"{name}: Triton compiles {compiles.get('stored', 0)} stored, "
-             f"{compiles.get('loaded_after_wait', 0)} waited for in another worker and loaded")
+    compiles = timeline.describe_compiles(manifest.get("triton_compiles") if isinstance(manifest, dict) else None)
+    if compiles:
+        _say(f"{name}: Triton kernels {compiles}")
 
 
 def _print_table(timings: list[dict], wall: float) -> None:

@@ -124,3 +124,14 @@ def describe(timeline: Mapping | None) -> str | None:
     if "total" in p:
         parts += [f"wind-down {p['wind_down']:.1f} s", f"session ended at {p['total']:.1f} s"]
     return " \N{MIDDLE DOT} ".join(parts)
+
+
+def describe_compiles(counts: Mapping | None) -> str | None:
+    """``281 compiled, 5 waited for in another worker`` from a manifest's ``triton_compiles``
+    (harness/triton_cache.py); None without counts."""
+    if not isinstance(counts, Mapping):
+        return None
+    stored, waited = counts.get("stored"), counts.get("loaded_after_wait")
+    if not all(isinstance(n, int) and not isinstance(n, bool) for n in (stored, waited)):
+        return None
+    return f"{stored} compiled, {waited} waited for in another worker"

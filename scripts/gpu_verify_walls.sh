@@ -63,7 +63,7 @@ run() {  # run NAME GPUS LIMIT SESSION [args]
   local where
   where=$(grep -hoE "\[kvh\] suites: first test at .*" "$out/$name.log" | tail -1 | sed 's/^\[kvh\] suites: //')
   local compiles
-  compiles=$(grep -hoE "\[kvh\] suites: Triton compiles .*" "$out/$name.log" | tail -1 | sed 's/^\[kvh\] suites: Triton compiles //')
+  compiles=$(grep -hoE "\[kvh\] suites: Triton kernels .*" "$out/$name.log" | tail -1 | sed 's/^\[kvh\] suites: Triton kernels //')
   rows+=("| $name | $gpus | $session $* | $rc | $wall | $steps | $counts | $where | ${compiles:--} |")
   echo "[walls] $name: exit $rc after $wall s ($counts)"
 }
@@ -81,7 +81,7 @@ for name in $runs; do
 done
 
 {
-  echo "| run | CUDA_VISIBLE_DEVICES | session | exit | wall s | steps | pytest | suites timeline | Triton compiles |"
+  echo "| run | CUDA_VISIBLE_DEVICES | session | exit | wall s | steps | pytest | suites timeline | Triton kernels |"
   echo "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"
   printf '%s\n' "${rows[@]}"
 } >"$out/walls.md"

@@ -134,3 +134,20 @@ def test_environment_shows_where_the_time_went(tmp_path):
     cells = re.findall(r'<td class="t">(.*?)</td>', row)
     assert cells[0] == "" and cells[1].startswith("first test at 7.9 s (1 worker ready 7.9 s median")
     assert "tests 11.2 s" in cells[1] and "session ended at 20.3 s" in cells[1]
+
+
+def test_environment_shows_the_triton_compiles_of_a_spread_run(tmp_path):
+    import json
+
+    from harness.records import MANIFEST_FILE
+
+    plain = write_run(tmp_path / "plain", [rec("bits", "test_a")], leg="A", env=env_for("A", "interpreter"))
+    spread = write_run(tmp_path / "spread", [rec("bits", "test_a")], leg="B", env=env_for("B", "interpreter"))
+    manifest = json.loads((spread / MANIFEST_FILE).read_text())
+    manifest["triton_compiles"] = {"stored": 281, "loaded_after_wait": 5}
+    (spread / MANIFEST_FILE).write_text(json.dumps(manifest))
+    html = render_html(summarize(load_results([plain, spread])))
+    env = html[html.index('id="environment"'):]
+    row = env[env.index("Triton kernels"):]
+    row = row[: row.index("</tr>")]
+    assert re.findall(r'<td class="t">(.*?)</td>', row) == ["", "281 compiled, 5 waited for in another worker"]

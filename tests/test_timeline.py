@@ -159,3 +159,12 @@ def test_the_pipeline_says_where_a_step_s_time_went(tmp_path, capsys):
     (run_dir / MANIFEST_FILE).write_text(json.dumps({"timeline": _example()}))
     pipeline._say_timeline("suites", str(run_dir))
     assert capsys.readouterr().out == f"[kvh] suites: {timeline.describe(_example())}\n"
+
+
+@pytest.mark.parametrize(("counts", "expected"), [
+    ({"stored": 281, "loaded_after_wait": 5}, "281 compiled, 5 waited for in another worker"),
+    ({"stored": 0, "loaded_after_wait": 0}, "0 compiled, 0 waited for in another worker"),
+    ({"stored": 3}, None), ({"stored": True, "loaded_after_wait": 1}, None), (None, None), ([1, 2], None),
+])
+def test_describe_compiles(counts, expected):
+    assert timeline.describe_compiles(counts) == expected

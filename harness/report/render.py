@@ -59,6 +59,7 @@ ENV_ROWS = [
     ("complete", lambda run, s: "yes" if run.complete else "NO"),
     ("exit status", lambda run, s: _each(run, lambda m: m.get("exitstatus"))),
     ("where the time went", lambda run, s: _each(run, lambda m: timeline.describe(m.get("timeline")))),
+    ("Triton kernels", lambda run, s: _each(run, lambda m: timeline.describe_compiles(m.get("triton_compiles")))),
     ("pytest args", lambda run, s: _each(run, lambda m: " ".join(map(str, m.get("args") or [])) or None)),
     ("source", lambda run, s: " | ".join(str(path) for path, _ in run.parts)),
 ]
@@ -70,7 +71,7 @@ def _each(run: Run, get) -> str | None:
     return " | ".join(str(v) for v in values if v is not None) or None
 
 
-_EXPECTED_TO_DIFFER = {"leg", "started", "finished", "source", "where the time went"}
+_EXPECTED_TO_DIFFER = {"leg", "started", "finished", "source", "where the time went", "Triton kernels"}
 
 
 def _gpus(run: Run) -> str | None:
