@@ -303,8 +303,9 @@ def plan(
     - ``verify``: with GPUs as ``gpu_verify``; without, ``suites/`` in the interpreter.
     - ``gpu_verify``: ``suites/`` over every GPU (one xdist worker per GPU times
       ``workers_per_gpu``, each pinned, compiling each Triton specialization once between
-      them unless ``TRITON_CACHE_MANAGER`` names another cache manager), then the headline benchmark cases serially on the
-      first GPU, with its extension builds (cases marked ``sweep`` are left to ``bench``).
+      them unless ``TRITON_CACHE_MANAGER`` names another cache manager), then the headline
+      benchmark cases serially on the first GPU, with its extension builds (cases marked
+      ``sweep`` are left to ``bench``).
     - ``bench``: every benchmark case (the sweep too), serially, on whatever device there is.
     ``gpus`` lists the device ids to use (entries of ``CUDA_VISIBLE_DEVICES``), empty for none.
     """

@@ -120,8 +120,9 @@ class BackgroundCapture:
 
     def __init__(self, leg: str | None = None, python: str = sys.executable) -> None:
         self.leg = leg
-        root = str(Path(__file__).resolve().parent.parent)
-        env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH")) if p)}
+        from .subproc import env_with_repo
+
+        env = env_with_repo()
         argv = [python, "-m", "harness.env", *(["--leg", leg] if leg else [])]
         self._result: dict | None = None
         try:

@@ -102,6 +102,11 @@ def _text(report) -> str | None:
 COMPILES_KEY = "kvh_triton_compiles"  # a worker's compile counts in xdist's workeroutput
 
 
+def _compile_once():
+    """harness/triton_cache.py when Triton loaded it as its cache manager in this process, else None."""
+    return sys.modules.get("harness.triton_cache")
+
+
 class ProcessTimeline:
     """This process's moments (timeline.MARKS), in the controller and in each xdist worker; a
     worker hands its marks to the controller through xdist's ``workeroutput`` when it ends."""
@@ -126,7 +131,7 @@ class ProcessTimeline:
         output = getattr(self.config, "workeroutput", None)
         if isinstance(output, dict):
             output[timeline.KEY] = dict(self.marks.times)
-            compile_once = sys.modules.get("harness.triton_cache")  # loaded by Triton when chosen
+            compile_once = _compile_once()
             if compile_once is not None:
                 output[COMPILES_KEY] = dict(compile_once.STATS)
 
@@ -229,11 +234,12 @@ class RecordingPlugin:
     @pytest.hookimpl(optionalhook=True)
     def pytest_testnodedown(self, node, error) -> None:
         """pytest-xdist: a worker ended; keep its timeline marks (none when it crashed)."""
-        marks = (getattr(node, "workeroutput", None) or {}).get(timeline.KEY)
+        output = getattr(node, "workeroutput", None) or {}
+        marks = output.get(timeline.KEY)
         name = getattr(getattr(node, "gateway", None), "id", None)
         if isinstance(marks, dict) and name:
             self.worker_marks[str(name)] = marks
-        compiles = (getattr(node, "workeroutput", None) or {}).get(COMPILES_KEY)
+        compiles = output.get(COMPILES_KEY)
         if isinstance(compiles, dict):
             for key, n in compiles.items():
                 if isinstance(n, int) and not isinstance(n, bool):
@@ -411,7 +417,7 @@ def _one_gc_pass_at_exit(config) -> None:
 def pytest_runtest_logfinish(nodeid, location) -> None:
     """A Triton compile that failed in this test keeps its compile lock (harness/triton_cache.py)
     while a traceback holds its cache manager: drop it, so that other workers stop waiting."""
-    compile_once = sys.modules.get("harness.triton_cache")
+    compile_once = _compile_once()
     if compile_once is not None:
         compile_once.release_all()
 

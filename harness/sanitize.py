@@ -37,7 +37,7 @@ from pathlib import Path
 
 from .records import Record, utc_now
 from .streamed_run import StreamedRun
-from .subproc import run_killable
+from .subproc import env_with_repo, run_killable
 
 ROOT = Path(__file__).resolve().parent.parent
 TOOLS = ("memcheck", "racecheck", "initcheck")
@@ -210,10 +210,7 @@ def driver_command(kernel: str, python: str = sys.executable) -> list[str]:
 
 
 def sanitizer_env(environ=os.environ) -> dict:
-    env = dict(environ)
-    env.update(SANITIZER_ENV)
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), environ.get("PYTHONPATH")) if p)
-    return env
+    return {**env_with_repo(environ), **SANITIZER_ENV}
 
 
 @dataclass

@@ -1,4 +1,5 @@
-"""Running a child process with a deadline, killing its whole process group when it passes."""
+"""Child processes of the harness: the environment that lets them import this repository, and
+running one with a deadline, killing its whole process group when it passes."""
 
 from __future__ import annotations
 
@@ -6,7 +7,18 @@ import os
 import signal
 import subprocess
 import time
+from collections.abc import Mapping
 from pathlib import Path
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+
+
+def env_with_repo(environ: Mapping[str, str] = os.environ) -> dict[str, str]:
+    """A copy of ``environ`` with this repository first on ``PYTHONPATH`` (a child started
+    from elsewhere still imports ``harness`` and ``kernels`` from here)."""
+    env = dict(environ)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO_ROOT), environ.get("PYTHONPATH")) if p)
+    return env
 
 
 def run_killable(cmd: list[str], *, env: dict, cwd: str | Path, timeout_s: float) -> tuple[int | None, str, float]:

@@ -18,6 +18,7 @@ Select it with ``TRITON_CACHE_MANAGER=harness.triton_cache:CompileOnceCacheManag
 from __future__ import annotations
 
 import fcntl
+import itertools
 import os
 import time
 
@@ -29,7 +30,7 @@ POLL_S = 0.02
 # this process's compiles stored, and compiles it waited for and then loaded from another
 STATS = {"stored": 0, "loaded_after_wait": 0}
 _HELD: dict[int, int] = {}  # this process's held locks: token -> descriptor of the lock file
-_tokens = iter(range(1, 1 << 62))
+_tokens = itertools.count(1)
 
 
 def release_all() -> int:

@@ -327,8 +327,8 @@ def _quantize_kernel(
     Tile: K takes TOKENS == G tokens (one group per channel); V takes any power-of-two
     TOKENS (rows past src_tokens masked unless EVEN_TOKENS); CHANNELS divides D and is a
     multiple of G for V, of 32 for K. Source token t lands at cache token tok_offset + t
-    (tok_offset a multiple of G). Grid: (cdiv(src_tokens, TOKENS), D / CHANNELS, B * H). Every input element is
-    read once.
+    (tok_offset a multiple of G). Grid: (cdiv(src_tokens, TOKENS), D / CHANNELS, B * H).
+    Every input element is read once.
     """
     pid_t = tl.program_id(0)
     pid_c = tl.program_id(1)

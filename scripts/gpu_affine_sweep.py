@@ -43,6 +43,13 @@ def tiles(per_channel: bool, group_size: int, head_dim: int):
                     yield QuantizeTile(tokens, ch, warps)
 
 
+def row_label(row: dict) -> str:
+    """``k t64 c128 w2 r96 (default)``: a row's side, tile and register cap."""
+    cap = f" r{row['registers']}" if row["registers"] else ""
+    return (f"{row['side']} t{row['tokens']} c{row['channels']} w{row['warps']}{cap}"
+            + (" (default)" if row["default"] else ""))
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", default=os.environ.get("OUT") or str(ROOT / "reports" / "affine"))
@@ -101,10 +108,8 @@ def main() -> int:
                    "registers": tile.registers, "default": tile == default_of_side, "correct": ok, "error": error, "ms": ms,
                    "gbps": figures.get("gbps"), "pct_of_copy": figures.get("pct_of_peak"), "bytes": moved}
             rows.append(row)
-            cap = f" r{tile.registers}" if tile.registers else ""
-            name = f"{side} t{tile.tokens} c{tile.channels} w{tile.warps}{cap}{' (default)' if row['default'] else ''}"
             timing = f"{ms:8.4f} ms {row['pct_of_copy']:6.1f}% of copy" if ok else (error or "WRONG")
-            print(f"{name:<28} {timing}", flush=True)
+            print(f"{row_label(row):<28} {timing}", flush=True)
             del got
     out_dir = Path(args.out)
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -117,9 +122,7 @@ def main() -> int:
     for side in ("k", "v"):
         timed = sorted((r for r in rows if r["side"] == side and r["correct"]), key=lambda r: r["ms"])
         for r in timed[:4]:
-            cap = f" r{r['registers']}" if r["registers"] else ""
-            print(f"  {side} t{r['tokens']:<4} c{r['channels']:<4} w{r['warps']:<2}{cap} {r['ms']:.4f} ms "
-                  f"{r['pct_of_copy']:.1f}% of copy{' (default)' if r['default'] else ''}")
+            print(f"  {row_label(r):<28} {r['ms']:.4f} ms {r['pct_of_copy']:.1f}% of copy")
         best[side] = timed[0] if timed else None
         default[side] = next((r for r in rows if r["side"] == side and r["default"]), None)
     for label, pick in (("default", default), ("best", best)):
