@@ -18,7 +18,9 @@ variants are identical, not merely close):
 * ``x_hat = float(q) * s_d`` (one float32 multiply); a zero-scale column reconstructs to 0.
 * NaN or Inf anywhere in ``x`` raises ``ValueError`` naming the columns. The check reads the D
   scales (a non-finite value always makes its column's scale non-finite), not ``x`` again; on a
-  GPU it costs one small device-to-host sync per call. ``dequantize_per_channel`` trusts its
+  GPU it costs one small device-to-host sync per call, which ``quantize_per_channel`` takes
+  after queuing its codes pass (so tensors given as ``out=`` hold unspecified values when it
+  raises). ``dequantize_per_channel`` trusts its
   scales' values (shape, dtype and device are checked).
 
 The ``2**-64`` floor keeps every scale, reciprocal and nonzero product a normal float (or a
@@ -313,44 +315,52 @@ def _finalize_kernel(scales_ptr, inv_ptr, D, BLOCK: tl.constexpr):
 
 
 @triton.jit
-def _quantize_kernel(x_ptr, inv_ptr, q_ptr, T, D, BLOCK_T: tl.constexpr, BLOCK_D: tl.constexpr):
-    """q = round_half_even(clamp(x * inv, -128, 127)). x [T, D] fp32/fp16/bf16, inv [D] fp32, q [T, D] int8.
-
-    Grid (cdiv(T, BLOCK_T), cdiv(D, BLOCK_D)). Clamping first keeps the multiply out of any fused
-    add; the magic-number add/subtract then rounds half to even exactly.
-    """
-    rows = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)
-    cols = tl.program_id(1) * BLOCK_D + tl.arange(0, BLOCK_D)
-    col_ok = cols < D
-    inv = tl.load(inv_ptr + cols, mask=col_ok, other=0.0)
-    offs = rows.to(tl.int64)[:, None] * D + cols[None, :]
-    mask = (rows < T)[:, None] & col_ok[None, :]
-    y = tl.load(x_ptr + offs, mask=mask, other=0.0).to(tl.float32) * inv[None, :]
+def _codes_of(x, inv):
+    """round_half_even(clamp(x * inv, -128, 127)) as int8. Clamping first keeps the multiply out
+    of any fused add; the magic-number add/subtract then rounds half to even exactly."""
+    y = x.to(tl.float32) * inv
     y = tl.minimum(tl.maximum(y, -128.0), 127.0)
     y = (y + _RNE_MAGIC) - _RNE_MAGIC
-    tl.store(q_ptr + offs, y.to(tl.int8), mask=mask)
+    return y.to(tl.int8)
 
 
 @triton.jit
-def _dequantize_kernel(
-    q_ptr, scales_ptr, out_ptr, T, D, BLOCK_T: tl.constexpr, BLOCK_D: tl.constexpr
-):
-    """out = float(q) * scales. q [T, D] int8, scales [D] fp32, out [T, D] fp32. Grid as quantize."""
-    rows = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)
-    cols = tl.program_id(1) * BLOCK_D + tl.arange(0, BLOCK_D)
-    col_ok = cols < D
-    s = tl.load(scales_ptr + cols, mask=col_ok, other=0.0)
-    offs = rows.to(tl.int64)[:, None] * D + cols[None, :]
-    mask = (rows < T)[:, None] & col_ok[None, :]
+def _quantize_kernel(x_ptr, inv_ptr, q_ptr, N, D, BLOCK: tl.constexpr):
+    """q = round_half_even(clamp(x * inv, -128, 127)). x [T, D] fp32/fp16/bf16 and q [T, D] int8
+    contiguous, seen flat (N = T * D elements); inv [D] fp32, indexed by column (flat index mod D).
+
+    Grid (cdiv(N, BLOCK),): each program one run of BLOCK consecutive elements, so every access is
+    a full-width vector whatever D is; the D reciprocals stay in L2.
+    """
+    offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < N
+    inv = tl.load(inv_ptr + offs % D, mask=mask, other=0.0, eviction_policy="evict_last")
+    v = tl.load(x_ptr + offs, mask=mask, other=0.0)
+    tl.store(q_ptr + offs, _codes_of(v, inv), mask=mask)
+
+
+@triton.jit
+def _dequantize_kernel(q_ptr, scales_ptr, out_ptr, N, D, BLOCK: tl.constexpr):
+    """out = float(q) * scales. q [T, D] int8, out [T, D] fp32 contiguous, seen flat (N = T * D);
+    scales [D] fp32 by column. Grid as the quantize kernel."""
+    offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < N
+    s = tl.load(scales_ptr + offs % D, mask=mask, other=0.0, eviction_policy="evict_last")
     q = tl.load(q_ptr + offs, mask=mask, other=0)
-    tl.store(out_ptr + offs, q.to(tl.float32) * s[None, :], mask=mask)
+    tl.store(out_ptr + offs, q.to(tl.float32) * s, mask=mask)
 
 
 def _tile(D: int) -> tuple[int, int]:
-    """(BLOCK_T, BLOCK_D): 4096-element tiles compiled, 65536 in the interpreter (fewer programs)."""
-    elements = 65536 if triton_interpreted() else 4096
+    """(BLOCK_T, BLOCK_D) of the scales pass: 32 x 128 compiled, 65536-element tiles in the
+    interpreter (fewer programs)."""
+    if not triton_interpreted():
+        return 32, min(triton.next_power_of_2(D), 128)
     block_d = min(triton.next_power_of_2(D), 256)
-    return max(1, elements // block_d), block_d
+    return max(1, 65536 // block_d), block_d
+
+
+SCALES_WARPS = 8  # H200: 8 warps per scales-pass program beat 4 on every benchmark shape
+FLAT_BLOCK = 1024  # elements per program of the flat passes (65536 in the interpreter)
 
 
 def _device_programs(device: torch.device) -> int:
@@ -361,10 +371,7 @@ def _device_programs(device: torch.device) -> int:
 
 def _triton_scales(x: torch.Tensor, scales: torch.Tensor, inv: torch.Tensor) -> None:
     T, D = x.shape
-    if triton_interpreted():
-        block_t, block_d = _tile(D)
-    else:
-        block_t, block_d = 32, min(triton.next_power_of_2(D), 128)
+    block_t, block_d = _tile(D)
     col_blocks = triton.cdiv(D, block_d)
     row_tiles = triton.cdiv(T, block_t)
     wanted_splits = max(1, _device_programs(x.device) // col_blocks)
@@ -372,22 +379,25 @@ def _triton_scales(x: torch.Tensor, scales: torch.Tensor, inv: torch.Tensor) -> 
     splits = triton.cdiv(row_tiles, iters)
     scales.zero_()
     _absmax_kernel[(col_blocks, splits)](
-        x, scales.view(torch.int32), T, D, BLOCK_T=block_t, BLOCK_D=block_d, ITERS=iters
+        x, scales.view(torch.int32), T, D, BLOCK_T=block_t, BLOCK_D=block_d, ITERS=iters,
+        num_warps=SCALES_WARPS,
     )
     _finalize_kernel[(triton.cdiv(D, 1024),)](scales, inv, D, BLOCK=1024)
 
 
 def _triton_elementwise(kernel, src: torch.Tensor, param: torch.Tensor, dst: torch.Tensor) -> None:
-    T, D = src.shape
-    block_t, block_d = _tile(D)
-    kernel[(triton.cdiv(T, block_t), triton.cdiv(D, block_d))](
-        src, param, dst, T, D, BLOCK_T=block_t, BLOCK_D=block_d
-    )
+    """A flat pass over src [T, D] with one [D] parameter into dst [T, D] (all contiguous)."""
+    n = src.numel()
+    block = 65536 if triton_interpreted() else FLAT_BLOCK
+    kernel[(triton.cdiv(n, block),)](src, param, dst, n, src.shape[1], BLOCK=block, num_warps=4)
 
 
 # ----------------------------------------------------------------------------- dispatch
-def _scales_and_inverse(x: torch.Tensor, variant: str, scales: torch.Tensor) -> torch.Tensor:
-    """Fill ``scales`` [D]; return inv [D] (1/s, 0 where s == 0); raise on non-finite input."""
+def _scales_and_inverse(
+    x: torch.Tensor, variant: str, scales: torch.Tensor, *, check_finite: bool = True
+) -> torch.Tensor:
+    """Fill ``scales`` [D]; return inv [D] (1/s, 0 where s == 0); raise on non-finite input
+    (unless the caller checks ``scales`` itself later)."""
     inv = torch.empty_like(scales)
     with on_device(x.device):
         if variant == "torch":
@@ -398,7 +408,8 @@ def _scales_and_inverse(x: torch.Tensor, variant: str, scales: torch.Tensor) -> 
             _triton_scales(x, scales, inv)
         else:
             cuda_extension().int8_cuda_scales(x, scales, inv, _stream(x.device))
-    _require_finite_scales(scales)
+    if check_finite:
+        _require_finite_scales(scales)
     return inv
 
 
@@ -446,7 +457,7 @@ def quantize_per_channel(
         "out[1] (scales)", None if out is None else out[1], (D,), torch.float32, x.device, variant
     )
     x = _input(x, variant)
-    inv = _scales_and_inverse(x, variant, scales)
+    inv = _scales_and_inverse(x, variant, scales, check_finite=False)
     with on_device(x.device):
         if variant == "torch":
             _torch_quantize(x, inv, q)
@@ -458,6 +469,7 @@ def quantize_per_channel(
             cuda_extension().int8_cuda_quantize(
                 x, inv, q, CUDA_VARIANTS[variant], _stream(x.device)
             )
+    _require_finite_scales(scales)  # once every kernel is queued: the one host sync comes last
     return q, scales
 
 
@@ -501,14 +513,17 @@ def _aot_specs() -> list[AotSpec]:
                 _absmax_kernel,
                 {"x_ptr": f"*{dtype}", "amax_ptr": "*i32", "T": "i32", "D": "i32"},
                 {"BLOCK_T": 32, "BLOCK_D": 128, "ITERS": 16},
+                num_warps=SCALES_WARPS,
+                divisible_ints=("D",),
             )
         )
         specs.append(
             AotSpec(
                 f"int8_quantize_{dtype}",
                 _quantize_kernel,
-                {"x_ptr": f"*{dtype}", "inv_ptr": "*fp32", "q_ptr": "*i8", "T": "i32", "D": "i32"},
-                {"BLOCK_T": 16, "BLOCK_D": 256},
+                {"x_ptr": f"*{dtype}", "inv_ptr": "*fp32", "q_ptr": "*i8", "N": "i32", "D": "i32"},
+                {"BLOCK": FLAT_BLOCK},
+                divisible_ints=("N", "D"),
             )
         )
     specs.append(
@@ -519,15 +534,15 @@ def _aot_specs() -> list[AotSpec]:
             {"BLOCK": 1024},
         )
     )
-    for block_t, block_d in ((16, 256), (64, 64)):
-        specs.append(
-            AotSpec(
-                f"int8_dequantize_{block_t}x{block_d}",
-                _dequantize_kernel,
-                {"q_ptr": "*i8", "scales_ptr": "*fp32", "out_ptr": "*fp32", "T": "i32", "D": "i32"},
-                {"BLOCK_T": block_t, "BLOCK_D": block_d},
-            )
+    specs.append(
+        AotSpec(
+            "int8_dequantize",
+            _dequantize_kernel,
+            {"q_ptr": "*i8", "scales_ptr": "*fp32", "out_ptr": "*fp32", "N": "i32", "D": "i32"},
+            {"BLOCK": FLAT_BLOCK},
+            divisible_ints=("N", "D"),
         )
+    )
     return specs
 
 
