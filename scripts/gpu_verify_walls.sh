@@ -9,8 +9,9 @@
 #
 # KVH_WALL_RUNS picks the runs and their order (default "suites-cold-all suites-warm-all
 # suites-warm-gpu0 full-warm-gpu0"; suites-cold-gpu0 is the cold suites on GPU 0 alone), each
-# name once. Each cold run starts from empty caches of its own; a warm run uses the last cold
-# run's, so a warm run needs a cold run before it.
+# name once; a name ending in -wN (suites-warm-gpu0-w1) runs with N pytest-xdist workers per GPU
+# instead of the default. Each cold run starts from empty caches of its own; a warm run uses the
+# last cold run's, so a warm run needs a cold run before it.
 #
 # FULL_LIMIT_S (default 250) caps the last run; records land as each case ends, so a capped
 # run still leaves every finished case. Results: $OUT (else reports/walls)/walls.tgz with each
@@ -25,8 +26,15 @@ work="$(mktemp -d)"
 cache=""  # the warm runs' caches: the last cold run's
 runs="${KVH_WALL_RUNS:-suites-cold-all suites-warm-all suites-warm-gpu0 full-warm-gpu0}"
 seen=" "
+base_of() {  # a run's name without its -wN workers suffix
+  local name="$1"
+  if [[ "$name" =~ ^(.*)-w[1-9][0-9]*$ ]]; then echo "${BASH_REMATCH[1]}"; else echo "$name"; fi
+}
+workers_of() {  # the --workers-per-gpu arguments of a run's -wN suffix (none without one)
+  if [[ "$1" =~ -w([1-9][0-9]*)$ ]]; then echo "--workers-per-gpu ${BASH_REMATCH[1]}"; fi
+}
 for name in $runs; do  # check the list before spending GPU time on it
-  case "$name" in
+  case "$(base_of "$name")" in
     suites-cold-all | suites-cold-gpu0) seen="$seen$name " ;;
     suites-warm-all | suites-warm-gpu0 | full-warm-gpu0)
       case "$seen" in
@@ -71,12 +79,13 @@ run() {  # run NAME GPUS LIMIT SESSION [args]
 nvidia-smi --query-gpu=index,name,driver_version --format=csv,noheader
 python3 -c "import os, torch, triton; print('torch', torch.__version__, 'triton', triton.__version__, 'cpus', os.cpu_count())"
 for name in $runs; do
-  case "$name" in
-    suites-cold-all) run "$name" "$all_gpus" 180 gpu_verify --no-bench ;;
-    suites-cold-gpu0) run "$name" 0 240 gpu_verify --no-bench ;;
-    suites-warm-all) run "$name" "$all_gpus" 100 gpu_verify --no-bench ;;
-    suites-warm-gpu0) run "$name" 0 100 gpu_verify --no-bench ;;
-    full-warm-gpu0) run "$name" 0 "$full_limit" gpu_verify ;;
+  # shellcheck disable=SC2046  # the workers arguments are meant to split
+  case "$(base_of "$name")" in
+    suites-cold-all) run "$name" "$all_gpus" 180 gpu_verify --no-bench $(workers_of "$name") ;;
+    suites-cold-gpu0) run "$name" 0 240 gpu_verify --no-bench $(workers_of "$name") ;;
+    suites-warm-all) run "$name" "$all_gpus" 150 gpu_verify --no-bench $(workers_of "$name") ;;
+    suites-warm-gpu0) run "$name" 0 150 gpu_verify --no-bench $(workers_of "$name") ;;
+    full-warm-gpu0) run "$name" 0 "$full_limit" gpu_verify $(workers_of "$name") ;;
   esac
 done
 
