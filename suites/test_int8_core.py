@@ -161,9 +161,6 @@ def test_tiny_columns(record, device, variant):
 @pytest.mark.parametrize(
     "bad", [float("nan"), float("inf"), float("-inf")], ids=["nan", "inf", "-inf"]
 )
-# the codes pass runs on the non-finite values before the one host sync finds them: numpy (the
-# Triton interpreter) warns about casting them
-@pytest.mark.filterwarnings("ignore:invalid value encountered:RuntimeWarning")
 def test_nonfinite_rejected(record, device, variant, bad):
     tag(record, device, variant)
     x = kv_matrix(20, 12, seed=5, device=device)

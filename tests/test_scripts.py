@@ -86,19 +86,21 @@ def test_wall_runs_are_checked_before_any_gpu_time(runs, message, tmp_path):
 @pytest.mark.skipif(shutil.which("bash") is None, reason="needs bash")
 def test_wall_runs_pass_their_workers_per_gpu_to_nox(tmp_path):
     """A run named ...-wN asks nox for N workers per GPU; a plain name leaves the default. The GPU
-    tools are stand-ins on PATH: nvidia-smi lists two GPUs, `python3 -m nox` logs its arguments."""
+    tools are stand-ins on PATH: nvidia-smi lists two GPUs, `python3 -m nox` logs its arguments,
+    one [bracket] each."""
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
     calls = tmp_path / "nox-calls.txt"
     (bin_dir / "nvidia-smi").write_text("#!/bin/sh\nprintf '0\\n1\\n'\n")
     (bin_dir / "python3").write_text(
         "#!/bin/sh\n"
-        f'if [ "$1" = "-m" ] && [ "$2" = "nox" ]; then shift 2; echo "$CUDA_VISIBLE_DEVICES $*" >> "{calls}"; exit 0; fi\n'
+        f'if [ "$1" = "-m" ] && [ "$2" = "nox" ]; then shift 2; '
+        f'{{ printf "%s " "$CUDA_VISIBLE_DEVICES"; printf "[%s]" "$@"; echo; }} >> "{calls}"; exit 0; fi\n'
         f'exec "{sys.executable}" "$@"\n'
     )
     for tool in ("nvidia-smi", "python3"):
         (bin_dir / tool).chmod(0o755)
-    env = {"PATH": f"{bin_dir}:/usr/bin:/bin", "OUT": str(tmp_path / "out"),
+    env = {"PATH": f"{bin_dir}:/usr/bin:/bin", "OUT": str(tmp_path / "out"), "TMPDIR": str(tmp_path),
            "KVH_WALL_RUNS": "suites-cold-all suites-warm-gpu0-w1 suites-warm-all-w3 suites-warm-all"}
     result = subprocess.run(["bash", str(ROOT / "scripts" / "gpu_verify_walls.sh")], env=env, capture_output=True,
                             text=True, timeout=120)
@@ -106,8 +108,8 @@ def test_wall_runs_pass_their_workers_per_gpu_to_nox(tmp_path):
     lines = calls.read_text().splitlines()
     assert len(lines) == 4
     cold, warm_gpu0_w1, warm_all_w3, warm_all = lines
-    assert cold.startswith("0,1 ") and "--workers-per-gpu" not in cold
-    assert warm_gpu0_w1.startswith("0 ") and warm_gpu0_w1.endswith("--no-bench --workers-per-gpu 1")
-    assert warm_all_w3.startswith("0,1 ") and warm_all_w3.endswith("--no-bench --workers-per-gpu 3")
-    assert "--workers-per-gpu" not in warm_all
+    assert cold.startswith("0,1 [") and cold.endswith("[--no-bench]")  # no empty argument either
+    assert warm_gpu0_w1.startswith("0 [") and warm_gpu0_w1.endswith("[--no-bench][--workers-per-gpu][1]")
+    assert warm_all_w3.startswith("0,1 [") and warm_all_w3.endswith("[--no-bench][--workers-per-gpu][3]")
+    assert warm_all.endswith("[--no-bench]")
     assert "suites-warm-gpu0-w1" in (tmp_path / "out" / "walls.md").read_text()
