@@ -11,13 +11,14 @@ kernel. For each group of values x (fp16 / bf16 / fp32 input, computed in fp32):
     s = the smallest scale-dtype value >= s      # rounded UP to fp16 (exact for fp32)
     s = max(s, SCALE_FLOOR[scale dtype])         # 2^-24 for fp16, 2^-126 for fp32
     inv = 1 / s                                  # fp32, IEEE division, the STORED s
-    z = clamp(rne(fl32(-lo0 * inv)), 0, 2^b - 1)
+    z = clamp(rne(-lo0 * inv), 0, 2^b - 1)      # -lo0 * inv EXACT, as below
     q = clamp(rne(x * inv) + z, 0, 2^b - 1)      # x * inv EXACT (fp64 product / fma)
     x_hat = (q - z) * s
 
-``rne`` rounds half to even; ``fl32`` is one fp32 rounding. The product x * inv
-is rounded once, straight to an integer (one fma on a GPU, an exact fp64 product
-in the reference). Rounding s up makes the whole range fit in 2^b - 1 steps, so
+``rne`` rounds half to even; ``fl32`` is one fp32 rounding. The products x * inv
+and -lo0 * inv are rounded once, straight to an integer (one fma on a GPU, an exact
+fp64 product in the reference). Rounding both exactly makes q >= 0 hold by itself
+(x >= lo0 and rne is monotonic and odd), so only the upper clamp ever binds. Rounding s up makes the whole range fit in 2^b - 1 steps, so
 ``|x - x_hat| <= s / 2`` (plus fp32 rounding) for every x of the group;
 quantizing with the stored s makes ``requant(dequant(q)) == q`` exact. A constant
 group c is reconstructed exactly whenever c is representable in the scale dtype and
@@ -39,7 +40,6 @@ import torch
 import triton
 import triton.language as tl
 from torch.autograd.graph import increment_version
-from triton.language.extra import libdevice
 
 from ._checks import (
     require_dtype,
@@ -94,7 +94,7 @@ def affine_params(lo: torch.Tensor, hi: torch.Tensor, bits: int, scale_dtype: to
     floor = SCALE_FLOOR[scale_dtype]
     s = torch.where(s < floor, torch.full_like(s, floor), s)
     inv = torch.ones_like(s) / s  # tensor / tensor: IEEE division on every device
-    zero = torch.clamp(torch.round(-lo0 * inv), 0.0, qmax)
+    zero = torch.clamp(torch.round(-lo0.double() * inv.double()).float(), 0.0, qmax)  # exact product
     return s, zero, inv
 
 
@@ -202,15 +202,6 @@ def _group_range(x, AXIS: tl.constexpr, INTERPRET: tl.constexpr):
 
 
 @triton.jit
-def _rne(y, INTERPRET: tl.constexpr):
-    """Round fp32 half to even: cvt.rni on a GPU, the 1.5 * 2^23 trick in the interpreter (|y| < 2^22)."""
-    if INTERPRET:
-        return (y + 12582912.0) - 12582912.0
-    else:
-        return libdevice.rint(y)
-
-
-@triton.jit
 def _affine_params_tl(lo, hi, BITS: tl.constexpr, SCALE_FP16: tl.constexpr, FLOOR: tl.constexpr,
                       INTERPRET: tl.constexpr):
     """Triton twin of :func:`affine_params`: fp32 lo, hi -> fp32 scale, zero, inv."""
@@ -226,26 +217,35 @@ def _affine_params_tl(lo, hi, BITS: tl.constexpr, SCALE_FP16: tl.constexpr, FLOO
         s = tl.where(low.to(tl.float32) < s, bumped, low).to(tl.float32)
     s = tl.where(s < FLOOR, FLOOR, s)
     inv = tl.math.div_rn(tl.full(s.shape, 1.0, tl.float32), s)
-    zero = _rne(-lo0 * inv, INTERPRET)
-    zero = tl.minimum(tl.maximum(zero, 0.0), QMAX)
+    zero = _round_product(-lo0, inv, INTERPRET)  # never outside [0, QMAX] for a finite group
+    zero = tl.minimum(tl.maximum(zero, 0), QMAX).to(tl.float32)
     return s, zero, inv
+
+
+@triton.jit
+def _round_product(x, inv, INTERPRET: tl.constexpr):
+    """rne(x * inv) of fp32 x and inv, the exact product rounded once, as int32 (|x * inv| < 2^22).
+
+    Compiled: fma(x, inv, 1.5 * 2^23) rounds the exact product to an integer held in
+    the low mantissa bits, read back as an int by subtracting the constant's bit pattern.
+    Interpreter: the exact product in fp64, rounded there."""
+    if INTERPRET:
+        y = x.to(tl.float64) * inv.to(tl.float64)
+        return ((y + 6755399441055744.0) - 6755399441055744.0).to(tl.int32)
+    else:
+        return tl.fma(x, inv, 12582912.0).to(tl.int32, bitcast=True) - 0x4B400000
 
 
 @triton.jit
 def _codes(x, inv, zero, BITS: tl.constexpr, INTERPRET: tl.constexpr):
     """clamp(rne(x * inv) + zero, 0, 2^BITS - 1) as uint32, x * inv rounded once.
 
-    Compiled: fma(x, inv, 1.5 * 2^23) rounds the exact product to an integer held in
-    the low mantissa bits (|x * inv| < 2^22), read back as an int by subtracting the
-    constant's bit pattern. Interpreter: the exact product in fp64, rounded there.
+    One unsigned minimum clamps both ends: for a finite group q >= 0 already (module
+    docstring), and a non-finite group (an error for the caller) still gets codes of BITS
+    bits, which keeps the other codes of its packed words intact.
     """
-    if INTERPRET:
-        y = x.to(tl.float64) * inv.to(tl.float64)
-        q = ((y + 6755399441055744.0) - 6755399441055744.0).to(tl.int32) + zero.to(tl.int32)
-    else:
-        r = tl.fma(x, inv, 12582912.0)
-        q = r.to(tl.int32, bitcast=True) + (zero.to(tl.int32) - 0x4B400000)
-    return tl.minimum(tl.maximum(q, 0), (1 << BITS) - 1).to(tl.uint32)
+    q = _round_product(x, inv, INTERPRET) + zero.to(tl.int32)
+    return tl.minimum(q.to(tl.uint32, bitcast=True), (1 << BITS) - 1)
 
 
 @triton.jit

@@ -275,6 +275,30 @@ def test_partial_group_is_a_value_error_naming_x():
             _launch_quantize(x, qkv.v_codes, qkv.v_scale, qkv.v_zero, 0, 32, 3, per_channel)
 
 
+@pytest.mark.parametrize("sdt", SCALE_DTYPES, ids=_sdt_id)
+@pytest.mark.parametrize("bits", BITS)
+def test_codes_never_need_the_lower_clamp(record, bits, sdt):
+    """For every finite group, rne(x * inv) + z >= 0 before any clamp and z is never clamped:
+    the Triton kernel clamps the upper end only (kernels/affine.py). The groups span wide
+    fp16 ranges of both signs, where one fp32 rounding of -lo0 * inv instead of the exact
+    product moves z by one in about 1 group in 10,000 (and the group's minimum to code -1)."""
+    g = torch.Generator().manual_seed(17 * bits)
+    n = 200_000
+    lo = -(torch.rand(n, generator=g) * 100).half().float()
+    hi = (torch.rand(n, generator=g) * 100).half().float()
+    lo[: n // 4] = hi[: n // 4] * 0.25  # all-positive groups
+    hi[n // 4 : n // 2] = lo[n // 4 : n // 2] * 0.25  # all-negative groups
+    hi[-16:] = lo[-16:]  # constant groups
+    scale, zero, inv = affine_params(lo, hi, bits, sdt)
+    exact_zero = torch.round(-lo.clamp(max=0).double() * inv.double())
+    assert torch.equal(exact_zero.float(), zero), "z never reaches its clamp"
+    lowest = torch.round(lo.double() * inv.double()) + zero.double()  # the group minimum's code
+    highest = torch.round(hi.double() * inv.double()) + zero.double()
+    assert float(lowest.min()) >= 0.0
+    assert float(highest.max()) <= (1 << bits)  # one above the top code at most: the clamp binds
+    record.add(states_checked=n)
+
+
 @settings(max_examples=200, deadline=None)
 @given(
     bits=st.sampled_from(BITS),
@@ -330,5 +354,29 @@ def test_exact_ties_round_half_to_even_in_both_backends(record, device, backend)
     assert bool((x_over_s.frac().abs() == 0.5).any()), "the inputs must contain exact ties"
     diff = cache_mismatches(ref, got)
     record.backend, record.variant, record.device = backend, "b3-ties", device
+    record.add(states_checked=elements(ref), bit_errors=0 if not diff else len(diff))
+    assert not diff, diff
+
+
+@pytest.mark.parametrize(("device", "backend"), [p for p in device_backends() if "triton" in p.id])
+def test_top_codes_are_clamped_in_both_backends(record, device, backend):
+    """Groups spanning [-4.265625, 4.265625] get the fp16 scale 1.21875 and zero point 4 (3 bits),
+    and their maximum lands just past a tie (hi / s = 3.50000005): rne(hi / s) + z = 8, one past
+    the top code. Both backends must clamp it to 7 (an unclamped 8 would carry into the next
+    code of the packed word)."""
+    g, d = 32, 64
+    values = torch.tensor([-4.265625, -3.0, -1.5, -0.5, 0.5, 1.5, 3.0, 4.265625])
+    cyclic = values[(torch.arange(g)[:, None] + torch.arange(d)[None, :]) % len(values)]
+    # every K group (a channel over G tokens) and V group (G channels of a token) holds all eight
+    k = cyclic.to(torch.float16).reshape(1, 1, g, d).to(device)
+    v = cyclic.roll(3, dims=0).to(torch.float16).reshape(1, 1, g, d).to(device)
+    scale, zero, inv = affine_params(torch.tensor([-4.265625]), torch.tensor([4.265625]), 3, torch.float16)
+    assert float(scale) == 1.21875 and float(zero) == 4.0
+    assert float(torch.round(torch.tensor(4.265625).double() * inv.double()) + zero.double()) == 8.0
+    ref = quantize(k, v, 3, g, "torch")
+    got = quantize(k, v, 3, g, backend)
+    assert bool((ref.k_scale == 1.21875).all()) and bool((ref.v_scale == 1.21875).all())
+    diff = cache_mismatches(ref, got)
+    record.backend, record.variant, record.device = backend, "b3-top-clamp", device
     record.add(states_checked=elements(ref), bit_errors=0 if not diff else len(diff))
     assert not diff, diff
