@@ -18,7 +18,8 @@ kernel. For each group of values x (fp16 / bf16 / fp32 input, computed in fp32):
 ``rne`` rounds half to even; ``fl32`` is one fp32 rounding. The products x * inv
 and -lo0 * inv are rounded once, straight to an integer (one fma on a GPU, an exact
 fp64 product in the reference). Rounding both exactly makes q >= 0 hold by itself
-(x >= lo0 and rne is monotonic and odd), so only the upper clamp ever binds. Rounding s up makes the whole range fit in 2^b - 1 steps, so
+(x >= lo0 and rne is monotonic and odd), so only the upper clamp ever binds.
+Rounding s up makes the whole range fit in 2^b - 1 steps, so
 ``|x - x_hat| <= s / 2`` (plus fp32 rounding) for every x of the group;
 quantizing with the stored s makes ``requant(dequant(q)) == q`` exact. A constant
 group c is reconstructed exactly whenever c is representable in the scale dtype and

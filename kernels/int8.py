@@ -186,14 +186,12 @@ def _require_finite_scales(scales: torch.Tensor) -> None:
     propagates through max); the columns are looked for only when it is not."""
     if math.isfinite(scales.amax().item()):
         return
-    bad = ~torch.isfinite(scales)
-    if bool(bad.any()):
-        columns = torch.nonzero(bad).flatten()
-        shown = columns[:8].tolist()
-        more = f" and {columns.numel() - 8} more" if columns.numel() > 8 else ""
-        raise ValueError(
-            f"x contains NaN or Inf in column(s) {shown}{more}; quantization needs finite values"
-        )
+    columns = torch.nonzero(~torch.isfinite(scales)).flatten()
+    shown = columns[:8].tolist()
+    more = f" and {columns.numel() - 8} more" if columns.numel() > 8 else ""
+    raise ValueError(
+        f"x contains NaN or Inf in column(s) {shown}{more}; quantization needs finite values"
+    )
 
 
 # ----------------------------------------------------------------------------- torch reference
@@ -359,16 +357,17 @@ def _dequantize_kernel(q_ptr, scales_ptr, out_ptr, N, D, BLOCK: tl.constexpr):
 
 
 def _tile(D: int) -> tuple[int, int]:
-    """(BLOCK_T, BLOCK_D) of the scales pass: 32 x 128 compiled, 65536-element tiles in the
-    interpreter (fewer programs)."""
+    """(BLOCK_T, BLOCK_D) of the scales pass: 32 x 128 compiled, INTERPRETER_ELEMENTS-element
+    tiles in the interpreter (fewer programs)."""
     if not triton_interpreted():
         return 32, min(triton.next_power_of_2(D), 128)
     block_d = min(triton.next_power_of_2(D), 256)
-    return max(1, 65536 // block_d), block_d
+    return max(1, INTERPRETER_ELEMENTS // block_d), block_d
 
 
 SCALES_WARPS = 8  # H200: 8 warps per scales-pass program beat 4 on every benchmark shape
-FLAT_BLOCK = 1024  # elements per program of the flat passes (65536 in the interpreter)
+FLAT_BLOCK = 1024  # elements per program of the flat passes (compiled)
+INTERPRETER_ELEMENTS = 65536  # elements per program of every pass in the interpreter
 
 
 def _device_programs(device: torch.device) -> int:
@@ -400,17 +399,15 @@ def _triton_elementwise(kernel, src: torch.Tensor, param: torch.Tensor, dst: tor
     input that the NaN/Inf check (which follows the codes pass) rejects: the check speaks."""
     n = src.numel()
     interpreted = triton_interpreted()
-    block = 65536 if interpreted else FLAT_BLOCK
+    block = INTERPRETER_ELEMENTS if interpreted else FLAT_BLOCK
     with np.errstate(invalid="ignore") if interpreted else contextlib.nullcontext():
         kernel[(triton.cdiv(n, block),)](src, param, dst, n, src.shape[1], BLOCK=block, num_warps=4)
 
 
 # ----------------------------------------------------------------------------- dispatch
-def _scales_and_inverse(
-    x: torch.Tensor, variant: str, scales: torch.Tensor, *, check_finite: bool = True
-) -> torch.Tensor:
-    """Fill ``scales`` [D]; return inv [D] (1/s, 0 where s == 0); raise on non-finite input
-    (unless the caller checks ``scales`` itself later)."""
+def _scales_and_inverse(x: torch.Tensor, variant: str, scales: torch.Tensor) -> torch.Tensor:
+    """Fill ``scales`` [D]; return inv [D] (1/s, 0 where s == 0). The caller checks ``scales``
+    for NaN/Inf (``_require_finite_scales``) once its kernels are queued."""
     inv = torch.empty_like(scales)
     with on_device(x.device):
         if variant == "torch":
@@ -421,8 +418,6 @@ def _scales_and_inverse(
             _triton_scales(x, scales, inv)
         else:
             cuda_extension().int8_cuda_scales(x, scales, inv, _stream(x.device))
-    if check_finite:
-        _require_finite_scales(scales)
     return inv
 
 
@@ -436,6 +431,7 @@ def compute_scales(
     x = _input(x, variant)
     scales = _output("out", out, (x.shape[1],), torch.float32, x.device, variant)
     _scales_and_inverse(x, variant, scales)
+    _require_finite_scales(scales)
     return scales
 
 
@@ -470,7 +466,7 @@ def quantize_per_channel(
         "out[1] (scales)", None if out is None else out[1], (D,), torch.float32, x.device, variant
     )
     x = _input(x, variant)
-    inv = _scales_and_inverse(x, variant, scales, check_finite=False)
+    inv = _scales_and_inverse(x, variant, scales)
     with on_device(x.device):
         if variant == "torch":
             _torch_quantize(x, inv, q)
