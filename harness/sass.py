@@ -1,7 +1,7 @@
 """Static instruction budget of compiled Triton kernels, with no GPU: registers, spills and the
 SASS of the hottest loop, by instruction class.
 
-A kernel that is issue-bound (the fused decode: ncu counts about 6 instructions per element)
+A kernel that is issue-bound (the fused decode: ncu counts about 4 to 5 instructions per element)
 gets faster only by executing fewer instructions per element; this counts them from the
 machine code itself, so a change can be judged on any machine, in CI, per commit. The kernel
 is compiled ahead of time (:mod:`kernels.aot`) and read back with the ``cuobjdump`` and

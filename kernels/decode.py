@@ -14,13 +14,14 @@ Triton path, two kernels:
    ``Hq / Hkv`` query heads of its kv head, stacked as the M dimension of both
    tensor-core products, so each K/V tile is loaded once for the whole group. Each
    thread loads exactly the words of its own MMA operand fragment (the tile
-   arrangement of :mod:`kernels.paged`) and turns two codes into an fp16 pair with a
-   shift and one masked OR (``(w >> s) & 0x00070007 | 0x64006400`` is 1024 + code in
-   both halves) and one exact fp16 subtraction. Scales never touch the codes: K scales
-   are folded into q per tile and V scales into p per channel group; zero points become
-   a rank-1 correction (one bias per head for K, a per-token sum for V). The rounding
-   of q*s and p*s to fp16 is split into hi and lo rows of M, so the products carry
-   about 22 bits. The last program attends the fp residual window. Each writes a
+   arrangement of :mod:`kernels.paged`) and turns two codes into the fp16 pair the
+   tensor cores read with a shift and one mask: ``(w >> s) & 0x00070007`` read as two
+   fp16 numbers is the subnormals code * 2^-24, exact, and the tensor cores multiply
+   them exactly (the 2^24 is applied to the fp32 results). Scales never touch the
+   codes: K scales are folded into q per tile (on the one query row when Hq = Hkv) and
+   V scales into p per channel group; zero points become a rank-1 correction (one bias
+   per head for K, a per-token sum for V). The rounding of q*s and p*s to fp16 is split
+   into hi and lo rows of M, so the products carry about 22 bits. The last program attends the fp residual window. Each writes a
    normalized partial output and its log-sum-exp (base 2).
 2. ``_decode_merge_kernel``, grid ``(Hq, B)``: merges the partials by log-sum-exp.
 
@@ -60,11 +61,10 @@ from .paged import (
 
 BACKENDS = ("torch", "triton")
 Q_DTYPES = (torch.float16, torch.bfloat16)
-SPLIT_PROGRAMS_PER_SM = 16  # split-KV target: programs per SM (H200: 16 beats 1, 2, 4, 8 and 32)
-NUM_STAGES = 3  # software-pipelining depth of the code-word loads
+SPLIT_PROGRAMS_PER_SM = 24  # split-KV target: programs per SM (H200: 24 beats 1 to 16 and 32)
+NUM_STAGES = 2  # software-pipelining depth of the code-word loads (H200: 2 beats 3 and 4)
 MAX_REGISTERS = None  # register cap per thread (None: the compiler's choice)
 LOG2E = 1.4426950408889634
-MAGIC_PAIR = 0x64006400  # fp16 1024.0 in both halves; OR-ed onto two codes it gives 1024 + code
 
 
 # ----------------------------------------------------------------------------- references
@@ -115,42 +115,55 @@ def reference_decode(
 
 # ----------------------------------------------------------------------------- Triton kernels
 @triton.jit
-def _field(w, SHIFT: tl.constexpr, FIELD: tl.constexpr, magic):
-    return ((w >> SHIFT) & FIELD) | magic
+def _field(w, SHIFT: tl.constexpr, FIELD: tl.constexpr):
+    return (w >> SHIFT) & FIELD
 
 
 @triton.jit
-def _join4(w, START: tl.constexpr, STEP: tl.constexpr, FIELD: tl.constexpr, magic):
-    return tl.join(tl.join(_field(w, START, FIELD, magic), _field(w, START + STEP, FIELD, magic)),
-                   tl.join(_field(w, START + 2 * STEP, FIELD, magic), _field(w, START + 3 * STEP, FIELD, magic)))
+def _join4(w, START: tl.constexpr, STEP: tl.constexpr, FIELD: tl.constexpr):
+    return tl.join(tl.join(_field(w, START, FIELD), _field(w, START + STEP, FIELD)),
+                   tl.join(_field(w, START + 2 * STEP, FIELD), _field(w, START + 3 * STEP, FIELD)))
 
 
 @triton.jit
-def _spare(w0, w1, w2, J: tl.constexpr, magic):
-    return ((w0 >> (12 + J)) & 0x00010001) | ((w1 >> (11 + J)) & 0x00020002) | ((w2 >> (10 + J)) & 0x00040004) \
-        | magic
+def _top_bits(w0, w1, w2):
+    """The pair held by bit 15 (and 31) of the three planes: value bit i in plane i."""
+    return ((w0 >> 15) & 0x00010001) | ((w1 >> 14) & 0x00020002) | ((w2 >> 13) & 0x00040004)
 
 
 @triton.jit
-def _unpack_group(w0, w1, w2, w3, magic, NRG: tl.constexpr, BITS: tl.constexpr, T: tl.constexpr):
-    """Planes uint32 [T, NRG] -> uint16 [T, NRG * 32] holding 0x6400 | code, the fp16 bit pattern
-    of 1024 + code (``magic`` = 0x64006400, a run-time value so that the OR folds into the mask).
+def _unpack_group(w0, w1, w2, w3, NRG: tl.constexpr, BITS: tl.constexpr, T: tl.constexpr,
+                  INTERPRET: tl.constexpr):
+    """Planes uint32 [T, NRG] -> fp16 [T, NRG * 32] holding code * 2^-24: the fp16 subnormal
+    whose bit pattern is the code, two per 32-bit register as the tensor cores take them.
     Twin of kernels.paged.unpack_group; every step stays in registers."""
     if BITS == 2:
         F: tl.constexpr = 0x00030003
-        pairs = tl.join(tl.join(_join4(w0, 0, 2, F, magic), _join4(w0, 8, 2, F, magic)),
-                        tl.join(_join4(w1, 0, 2, F, magic), _join4(w1, 8, 2, F, magic)))
+        pairs = tl.join(tl.join(_join4(w0, 0, 2, F), _join4(w0, 8, 2, F)),
+                        tl.join(_join4(w1, 0, 2, F), _join4(w1, 8, 2, F)))
     else:
         F2: tl.constexpr = ((1 << BITS) - 1) * 65537
         if BITS == 3:
-            last = tl.join(tl.join(_spare(w0, w1, w2, 0, magic), _spare(w0, w1, w2, 1, magic)),
-                           tl.join(_spare(w0, w1, w2, 2, magic), _spare(w0, w1, w2, 3, magic)))
+            last = tl.join(tl.join(_field(w0, 12, F2), _field(w1, 12, F2)),
+                           tl.join(_field(w2, 12, F2), _top_bits(w0, w1, w2)))
         else:
-            last = _join4(w3, 0, 4, F2, magic)
-        pairs = tl.join(tl.join(_join4(w0, 0, BITS, F2, magic), _join4(w1, 0, BITS, F2, magic)),
-                        tl.join(_join4(w2, 0, BITS, F2, magic), last))
-    halves = tl.join((pairs & 0xFFFF).to(tl.uint16), (pairs >> 16).to(tl.uint16))
-    return tl.reshape(halves, [T, NRG * 32])
+            last = _join4(w3, 0, 4, F2)
+        pairs = tl.join(tl.join(_join4(w0, 0, BITS, F2), _join4(w1, 0, BITS, F2)),
+                        tl.join(_join4(w2, 0, BITS, F2), last))
+    return tl.reshape(_fp16_pairs(pairs, INTERPRET), [T, NRG * 32])
+
+
+@triton.jit
+def _fp16_pairs(pairs, INTERPRET: tl.constexpr):
+    """uint32 [...] -> fp16 [..., 2]: the low and the high half of each word, bit for bit. Compiled,
+    an opaque move, so that the compiler keeps each word whole as the register the tensor cores
+    read (seen through, it splits the shifts and masks into 16-bit halves and packs them again)."""
+    if INTERPRET:
+        halves = tl.join((pairs & 0xFFFF).to(tl.uint16), (pairs >> 16).to(tl.uint16))
+        return halves.to(tl.float16, bitcast=True)
+    else:
+        return tl.inline_asm_elementwise("mov.b32 $0, $1;", "=r,r,r", [tl.join(pairs, pairs)],
+                                         dtype=tl.float16, is_pure=True, pack=2)
 
 
 @triton.jit
@@ -175,9 +188,10 @@ def _load_plane(ptr, PLANE: tl.constexpr, BITS: tl.constexpr, NRG: tl.constexpr,
 
 
 @triton.jit
-def _load_tile(ptr, magic, N: tl.constexpr, K: tl.constexpr, BITS: tl.constexpr, WARPS: tl.constexpr):
-    """Decode-arranged words of one tile -> fp16 [N, K] holding 1024 + code, already in the
-    register layout of a tensor-core B operand (kernels.paged: reshape, permute, reshape)."""
+def _load_tile(ptr, N: tl.constexpr, K: tl.constexpr, BITS: tl.constexpr, WARPS: tl.constexpr,
+               INTERPRET: tl.constexpr):
+    """Decode-arranged words of one tile -> fp16 [N, K] holding code * 2^-24 (exact), already in
+    the register layout of a tensor-core B operand (kernels.paged: reshape, permute, reshape)."""
     T: tl.constexpr = 32 * WARPS
     NRG: tl.constexpr = N * K // (T * 32)
     w0 = _load_plane(ptr, 0, BITS, NRG, T)
@@ -188,9 +202,9 @@ def _load_tile(ptr, magic, N: tl.constexpr, K: tl.constexpr, BITS: tl.constexpr,
         w2 = _load_plane(ptr, 2, BITS, NRG, T)
     if BITS == 4:
         w3 = _load_plane(ptr, 3, BITS, NRG, T)
-    vals = tl.reshape(_unpack_group(w0, w1, w2, w3, magic, NRG, BITS, T),
+    vals = tl.reshape(_unpack_group(w0, w1, w2, w3, NRG, BITS, T, INTERPRET),
                       [8 * WARPS, 4, N // (8 * WARPS), K // 16, 4])
-    return tl.reshape(tl.permute(vals, (2, 0, 3, 1, 4)), [N, K]).to(tl.float16, bitcast=True)
+    return tl.reshape(tl.permute(vals, (2, 0, 3, 1, 4)), [N, K])
 
 
 @triton.jit
@@ -216,21 +230,53 @@ def _hi_lo(x, HALF: tl.constexpr, N: tl.constexpr):
 
 
 @triton.jit
+def _fold_k_scales(q32, ks, kz, QROWS: tl.constexpr, HALF: tl.constexpr, D: tl.constexpr):
+    """K scales [D] folded into q: (fp16 [2 HALF, D] rows hi(q*s) then lo(q*s), bias [HALF, 1] =
+    (q*s) . zero). q32 is [1, D] for one query head per kv head (the fold runs on that row alone
+    and the other rows are zeros) or [2 HALF, D], each head twice (rows r and r + HALF)."""
+    x = q32 * ks.to(tl.float32)[None, :]
+    hi = x.to(tl.float16)
+    if QROWS == 1:
+        lo = (x - hi.to(tl.float32)).to(tl.float16)
+        bias = tl.sum((hi.to(tl.float32) + lo.to(tl.float32)) * kz.to(tl.float32)[None, :], 1)
+        qs = tl.reshape(tl.permute(tl.join(_zero_rows(hi, 1, HALF, D), _zero_rows(lo, 1, HALF, D)), (2, 0, 1)),
+                        [2 * HALF, D])
+        return qs, _zero_rows(bias[:, None], 1, HALF, 1)
+    else:
+        lo_row = tl.arange(0, 2 * HALF) >= HALF
+        qs = tl.where(lo_row[:, None], (x - hi.to(tl.float32)).to(tl.float16), hi)
+        bias = tl.sum(tl.reshape(tl.sum(qs.to(tl.float32) * kz.to(tl.float32)[None, :], 1), [2, HALF]), 0)
+        return qs, bias[:, None]
+
+
+@triton.jit
+def _zero_rows(x, ROWS: tl.constexpr, TO: tl.constexpr, N: tl.constexpr):
+    """[ROWS, N] -> [TO, N]: x, then zero rows (powers of two, TO <= 8 * ROWS)."""
+    if ROWS < TO:
+        x = tl.reshape(tl.permute(tl.join(x, tl.zeros_like(x)), (2, 0, 1)), [2 * ROWS, N])
+    if 2 * ROWS < TO:
+        x = tl.reshape(tl.permute(tl.join(x, tl.zeros_like(x)), (2, 0, 1)), [4 * ROWS, N])
+    if 4 * ROWS < TO:
+        x = tl.reshape(tl.permute(tl.join(x, tl.zeros_like(x)), (2, 0, 1)), [8 * ROWS, N])
+    return x
+
+
+@triton.jit
 def _rows2(x, HALF: tl.constexpr):
     """[HALF] -> [2 * HALF]: the same value for a head's hi and lo rows."""
     return tl.reshape(tl.permute(tl.join(x, x), (1, 0)), [2 * HALF])
 
 
 @triton.jit
-def _v_group(acc, zacc, p, alpha, v, s, z, HALF: tl.constexpr, BLOCK_T: tl.constexpr, CENTER: tl.constexpr):
+def _v_group(acc, zacc, p, alpha, v, s, z, HALF: tl.constexpr, BLOCK_T: tl.constexpr):
     """V product of one channel group with its per-token scale s [T] folded into p.
 
-    acc [2 HALF, G] += [hi; lo](p * s) @ (code - CENTER); zacc [HALF, T] += (p * s) * (z - CENTER),
-    kept per token and reduced once per split (acc - sum(zacc) is the dequantized product).
+    acc [2 HALF, G] += [hi; lo](p * s) @ (code * 2^-24); zacc [HALF, T] += (p * s) * z, kept
+    per token and reduced once per split (2^24 acc - sum(zacc) is the dequantized product).
     """
     ps, ps32 = _hi_lo(p * s.to(tl.float32)[None, :], HALF, BLOCK_T)
     acc = tl.dot(ps, tl.trans(v), acc * _rows2(alpha, HALF)[:, None])
-    zacc = zacc * alpha[:, None] + ps32 * (z.to(tl.float32) - CENTER)[None, :]
+    zacc = zacc * alpha[:, None] + ps32 * z.to(tl.float32)[None, :]
     return acc, zacc
 
 
@@ -270,34 +316,32 @@ def _tile_params(
 
 @triton.jit
 def _code_tile(
-    m, l_acc, acc0, acc1, zacc0, zacc1, q32, lo_row, tile, code_len, magic,
+    m, l_acc, acc0, acc1, zacc0, zacc1, q32, tile, code_len,
     page, off, ks, kz, vs0, vz0, vs1, vz1, h,
     kw_ptr, stride_kw_p, stride_kw_h, stride_kw_t, vw_ptr, stride_vw_p, stride_vw_h, stride_vw_t,
-    HALF: tl.constexpr, D: tl.constexpr, G: tl.constexpr, BITS: tl.constexpr, BLOCK_T: tl.constexpr,
-    WARPS: tl.constexpr,
+    QROWS: tl.constexpr, HALF: tl.constexpr, D: tl.constexpr, G: tl.constexpr, BITS: tl.constexpr,
+    BLOCK_T: tl.constexpr, WARPS: tl.constexpr, INTERPRET: tl.constexpr,
 ):
     """Attend one tile of BLOCK_T quantized tokens (one page, one K scale group).
 
     K: the tile's per-channel scales are folded into q (q * s, split into fp16 hi and lo rows
     of the M dimension) and its zero points become one bias per row, so the codes enter the
-    tensor cores with one exact fp16 subtraction per pair ((1024 + code) - (1024 + CENTER)):
-    logits = (q*s) @ (code - CENTER) - (q*s) . (zero - CENTER), hi and lo rows summed. Keeping
-    the operands small (|code - CENTER| <= 2^(b-1)) keeps the tensor-core accumulation exact
-    enough over 100K tokens; the 1024 offset itself would cost ~8 bits there.
+    tensor cores as they are unpacked, code * 2^-24 (exact fp16 subnormals, which the tensor
+    cores multiply exactly; the fp32 results are scaled back by 2^24):
+    logits = 2^24 (q*s) @ (code * 2^-24) - (q*s) . zero, hi and lo rows summed. Small operands
+    (codes, not 1024 + code as the fp16 magic number would give) keep the tensor-core
+    accumulation exact enough over 100K tokens.
     V: per-token scales folded into p, one product per channel group (_v_group).
     """
     NGV: tl.constexpr = D // G
-    CENTER: tl.constexpr = (1 << (BITS - 1)) * 1.0  # codes enter the products as code - CENTER
+    UNIT_INV: tl.constexpr = 16777216.0  # 2^24: the codes enter the products as code * 2^-24
     tt = tl.arange(0, BLOCK_T)
     valid = tile * BLOCK_T + tt < code_len
 
-    x = q32 * ks.to(tl.float32)[None, :]  # [2 HALF, D], each head twice
-    hi = x.to(tl.float16)
-    qs = tl.where(lo_row[:, None], (x - hi.to(tl.float32)).to(tl.float16), hi)
-    bias = tl.sum(qs.to(tl.float32) * (kz.to(tl.float32) - CENTER)[None, :], 1)
+    qs, bias = _fold_k_scales(q32, ks, kz, QROWS, HALF, D)
     kptr = kw_ptr + page * stride_kw_p + h * stride_kw_h + (off // BLOCK_T) * stride_kw_t
-    k_codes = _load_tile(kptr, magic, BLOCK_T, D, BITS, WARPS) - (1024.0 + CENTER)  # [BLOCK_T, D], exact
-    qk = tl.sum(tl.reshape(tl.dot(qs, tl.trans(k_codes)) - bias[:, None], [2, HALF, BLOCK_T]), 0)
+    k_codes = _load_tile(kptr, BLOCK_T, D, BITS, WARPS, INTERPRET)  # [BLOCK_T, D], code * 2^-24
+    qk = tl.sum(tl.reshape(tl.dot(qs, tl.trans(k_codes)), [2, HALF, BLOCK_T]), 0) * UNIT_INV - bias
     qk = tl.where(valid[None, :], qk, float("-inf"))  # [HALF, BLOCK_T], log2 domain
     m_new = tl.maximum(m, tl.max(qk, 1))
     alpha = tl.exp2(m - m_new)
@@ -305,13 +349,13 @@ def _code_tile(
     l_acc = l_acc * alpha[:, None] + p
 
     vptr = vw_ptr + page * stride_vw_p + h * stride_vw_h + (off // BLOCK_T) * stride_vw_t
-    v_codes = _load_tile(vptr, magic, D, BLOCK_T, BITS, WARPS) - (1024.0 + CENTER)  # [D, BLOCK_T], exact
+    v_codes = _load_tile(vptr, D, BLOCK_T, BITS, WARPS, INTERPRET)  # [D, BLOCK_T], code * 2^-24
     if NGV == 1:
-        acc0, zacc0 = _v_group(acc0, zacc0, p, alpha, v_codes, vs0, vz0, HALF, BLOCK_T, CENTER)
+        acc0, zacc0 = _v_group(acc0, zacc0, p, alpha, v_codes, vs0, vz0, HALF, BLOCK_T)
     else:
         v0, v1 = tl.split(tl.permute(tl.reshape(v_codes, [2, G, BLOCK_T]), (1, 2, 0)))
-        acc0, zacc0 = _v_group(acc0, zacc0, p, alpha, v0, vs0, vz0, HALF, BLOCK_T, CENTER)
-        acc1, zacc1 = _v_group(acc1, zacc1, p, alpha, v1, vs1, vz1, HALF, BLOCK_T, CENTER)
+        acc0, zacc0 = _v_group(acc0, zacc0, p, alpha, v0, vs0, vz0, HALF, BLOCK_T)
+        acc1, zacc1 = _v_group(acc1, zacc1, p, alpha, v1, vs1, vz1, HALF, BLOCK_T)
     return m_new, l_acc, acc0, acc1, zacc0, zacc1
 
 
@@ -332,11 +376,11 @@ def _store_lse(mid_lse_ptr, b, heads, split, stride_ml_b, stride_ml_h, m, l, kee
 @triton.jit
 def _tile_step(
     m, l_acc, acc0, acc1, zacc0, zacc1, page, off, ks, kz, vs0, vz0, vs1, vz1,
-    q32, lo_row, tile, t_end, b, h, code_len, magic, kw_ptr, stride_kw_p, stride_kw_h, stride_kw_t,
+    q32, tile, t_end, b, h, code_len, kw_ptr, stride_kw_p, stride_kw_h, stride_kw_t,
     ks_ptr, kz_ptr, stride_ks_p, stride_ks_h, stride_ks_g, vw_ptr, stride_vw_p, stride_vw_h, stride_vw_t,
     vs_ptr, vz_ptr, stride_vs_p, stride_vs_h, stride_vs_t, bt_ptr, stride_bt_b, page_size,
-    HALF: tl.constexpr, D: tl.constexpr, G: tl.constexpr, BITS: tl.constexpr, BLOCK_T: tl.constexpr,
-    WARPS: tl.constexpr,
+    QROWS: tl.constexpr, HALF: tl.constexpr, D: tl.constexpr, G: tl.constexpr, BITS: tl.constexpr,
+    BLOCK_T: tl.constexpr, WARPS: tl.constexpr, INTERPRET: tl.constexpr,
 ):
     """One step of a split's tile loop: fetch the next tile's page and scales, attend this tile
     (whose page and scales the previous step fetched). Returns the softmax state, then the
@@ -345,9 +389,9 @@ def _tile_step(
         b, h, tile + 1, tile + 1 < t_end, code_len, ks_ptr, kz_ptr, stride_ks_p, stride_ks_h, stride_ks_g,
         vs_ptr, vz_ptr, stride_vs_p, stride_vs_h, stride_vs_t, bt_ptr, stride_bt_b, page_size, D, G, BLOCK_T)
     m, l_acc, acc0, acc1, zacc0, zacc1 = _code_tile(
-        m, l_acc, acc0, acc1, zacc0, zacc1, q32, lo_row, tile, code_len, magic,
+        m, l_acc, acc0, acc1, zacc0, zacc1, q32, tile, code_len,
         page, off, ks, kz, vs0, vz0, vs1, vz1, h, kw_ptr, stride_kw_p, stride_kw_h, stride_kw_t,
-        vw_ptr, stride_vw_p, stride_vw_h, stride_vw_t, HALF, D, G, BITS, BLOCK_T, WARPS)
+        vw_ptr, stride_vw_p, stride_vw_h, stride_vw_t, QROWS, HALF, D, G, BITS, BLOCK_T, WARPS, INTERPRET)
     page, off, ks, kz, vs0, vz0, vs1, vz1 = nxt
     return m, l_acc, acc0, acc1, zacc0, zacc1, page, off, ks, kz, vs0, vz0, vs1, vz1
 
@@ -358,19 +402,20 @@ def _code_partial(
     ks_ptr, kz_ptr, stride_ks_p, stride_ks_h, stride_ks_g, vw_ptr, stride_vw_p, stride_vw_h, stride_vw_t,
     vs_ptr, vz_ptr, stride_vs_p, stride_vs_h, stride_vs_t, bt_ptr, stride_bt_b,
     mid_o_ptr, mid_lse_ptr, stride_mo_b, stride_mo_h, stride_mo_s, stride_ml_b, stride_ml_h,
-    b, h, split, code_len, qk_scale, page_size, tiles_per_split, magic,
-    GROUP: tl.constexpr, M: tl.constexpr, D: tl.constexpr, G: tl.constexpr, BITS: tl.constexpr,
-    BLOCK_T: tl.constexpr, WARPS: tl.constexpr, INTERPRET: tl.constexpr,
+    b, h, split, code_len, qk_scale, page_size, tiles_per_split,
+    GROUP: tl.constexpr, QROWS: tl.constexpr, M: tl.constexpr, D: tl.constexpr, G: tl.constexpr,
+    BITS: tl.constexpr, BLOCK_T: tl.constexpr, WARPS: tl.constexpr, INTERPRET: tl.constexpr,
 ):
     """Attend the split's tiles of quantized tokens and store its partial output and lse."""
     NGV: tl.constexpr = D // G
     HALF: tl.constexpr = M // 2
+    UNIT_INV: tl.constexpr = 16777216.0  # 2^24 (_code_tile)
     G1: tl.constexpr = G if NGV == 2 else 16  # second channel group's accumulator (unused when NGV = 1)
     T1: tl.constexpr = BLOCK_T if NGV == 2 else 16
     d = tl.arange(0, D)
-    rows = tl.arange(0, M)  # head r % HALF; rows >= HALF carry the lo parts
-    q = tl.load(q_ptr + b * stride_qb + (h * GROUP + rows % HALF)[:, None] * stride_qh + d[None, :],
-                mask=(rows % HALF < GROUP)[:, None], other=0.0)
+    rows = tl.arange(0, QROWS) % HALF  # QROWS: 1 (one query head) or M (each head twice, _fold_k_scales)
+    q = tl.load(q_ptr + b * stride_qb + (h * GROUP + rows)[:, None] * stride_qh + d[None, :],
+                mask=(rows < GROUP)[:, None], other=0.0)
     q32 = q.to(tl.float32) * qk_scale
     m = tl.full([HALF], float("-inf"), tl.float32)
     l_acc = tl.zeros([HALF, BLOCK_T], tl.float32)
@@ -388,27 +433,27 @@ def _code_partial(
         while tile < t_end:
             m, l_acc, acc0, acc1, zacc0, zacc1, page, off, ks, kz, vs0, vz0, vs1, vz1 = _tile_step(
                 m, l_acc, acc0, acc1, zacc0, zacc1, page, off, ks, kz, vs0, vz0, vs1, vz1,
-                q32, rows >= HALF, tile, t_end, b, h, code_len, magic, kw_ptr, stride_kw_p, stride_kw_h,
+                q32, tile, t_end, b, h, code_len, kw_ptr, stride_kw_p, stride_kw_h,
                 stride_kw_t, ks_ptr, kz_ptr, stride_ks_p, stride_ks_h, stride_ks_g, vw_ptr, stride_vw_p,
                 stride_vw_h, stride_vw_t, vs_ptr, vz_ptr, stride_vs_p, stride_vs_h, stride_vs_t, bt_ptr,
-                stride_bt_b, page_size, HALF, D, G, BITS, BLOCK_T, WARPS)
+                stride_bt_b, page_size, QROWS, HALF, D, G, BITS, BLOCK_T, WARPS, INTERPRET)
             tile += 1
     else:  # a for loop: the compiler software-pipelines its loads (NUM_STAGES)
         for tile in range(t_begin, t_end):
             m, l_acc, acc0, acc1, zacc0, zacc1, page, off, ks, kz, vs0, vz0, vs1, vz1 = _tile_step(
                 m, l_acc, acc0, acc1, zacc0, zacc1, page, off, ks, kz, vs0, vz0, vs1, vz1,
-                q32, rows >= HALF, tile, t_end, b, h, code_len, magic, kw_ptr, stride_kw_p, stride_kw_h,
+                q32, tile, t_end, b, h, code_len, kw_ptr, stride_kw_p, stride_kw_h,
                 stride_kw_t, ks_ptr, kz_ptr, stride_ks_p, stride_ks_h, stride_ks_g, vw_ptr, stride_vw_p,
                 stride_vw_h, stride_vw_t, vs_ptr, vz_ptr, stride_vs_p, stride_vs_h, stride_vs_t, bt_ptr,
-                stride_bt_b, page_size, HALF, D, G, BITS, BLOCK_T, WARPS)
+                stride_bt_b, page_size, QROWS, HALF, D, G, BITS, BLOCK_T, WARPS, INTERPRET)
     l = tl.sum(l_acc, 1)
     inv = 1.0 / tl.where(l > 0.0, l, 1.0)
     heads = tl.arange(0, HALF)
-    out0 = tl.sum(tl.reshape(acc0, [2, HALF, G]), 0) - tl.sum(zacc0, 1)[:, None]
+    out0 = tl.sum(tl.reshape(acc0, [2, HALF, G]), 0) * UNIT_INV - tl.sum(zacc0, 1)[:, None]
     _store_partial(mid_o_ptr, b, h * GROUP + heads, split, stride_mo_b, stride_mo_h, stride_mo_s,
                    out0 * inv[:, None], 0, heads < GROUP, G)
     if NGV == 2:
-        out1 = tl.sum(tl.reshape(acc1, [2, HALF, G]), 0) - tl.sum(zacc1, 1)[:, None]
+        out1 = tl.sum(tl.reshape(acc1, [2, HALF, G]), 0) * UNIT_INV - tl.sum(zacc1, 1)[:, None]
         _store_partial(mid_o_ptr, b, h * GROUP + heads, split, stride_mo_b, stride_mo_h, stride_mo_s,
                        out1 * inv[:, None], G, heads < GROUP, G)
     _store_lse(mid_lse_ptr, b, h * GROUP + heads, split, stride_ml_b, stride_ml_h, m, l, heads < GROUP)
@@ -458,18 +503,18 @@ def _decode_split_kernel(
     bt_ptr, stride_bt_b,
     lens_ptr, cache_lens_ptr,
     mid_o_ptr, mid_lse_ptr, stride_mo_b, stride_mo_h, stride_mo_s, stride_ml_b, stride_ml_h,
-    qk_scale, page_size, num_splits, tiles_per_split, magic,
-    GROUP: tl.constexpr, M: tl.constexpr, D: tl.constexpr, G: tl.constexpr, BITS: tl.constexpr,
-    BLOCK_T: tl.constexpr, WARPS: tl.constexpr, INTERPRET: tl.constexpr,
+    qk_scale, page_size, num_splits, tiles_per_split,
+    GROUP: tl.constexpr, QROWS: tl.constexpr, M: tl.constexpr, D: tl.constexpr, G: tl.constexpr,
+    BITS: tl.constexpr, BLOCK_T: tl.constexpr, WARPS: tl.constexpr, INTERPRET: tl.constexpr,
 ):
     """Partial attention of one split of one (sequence, kv head).
 
     q [B, Hq, D] fp16/bf16; k_words, v_words int32 [NP, H, P/BLOCK_T, W] (tiles, kernels.paged);
     k_scale/k_zero [NP, H, P/G, D]; v_scale/v_zero [NP, H, P, D/G]; k/v_residual [B, H, G, D];
-    block_table int32 [B, pages]; lens, cache_lens int32 [B] (attended length, cache length);
-    magic = 0x64006400. Writes mid_o fp32 [B, Hq, splits+1, D] (normalized) and mid_lse fp32
-    [B, Hq, splits+1] (log2-sum-exp, -inf when the split is empty). Program ``splits`` attends
-    the residual window.
+    block_table int32 [B, pages]; lens, cache_lens int32 [B] (attended length, cache length).
+    Writes mid_o fp32 [B, Hq, splits+1, D] (normalized) and mid_lse fp32 [B, Hq, splits+1]
+    (log2-sum-exp, -inf when the split is empty). Program ``splits`` attends the residual window.
+    GROUP = Hq / Hkv; QROWS = fold_rows(GROUP); M = 2 * max(8, next power of 2 >= GROUP).
     """
     split = tl.program_id(0)
     h = tl.program_id(1)
@@ -483,8 +528,8 @@ def _decode_split_kernel(
             ks_ptr, kz_ptr, stride_ks_p, stride_ks_h, stride_ks_g, vw_ptr, stride_vw_p, stride_vw_h, stride_vw_t,
             vs_ptr, vz_ptr, stride_vs_p, stride_vs_h, stride_vs_t, bt_ptr, stride_bt_b,
             mid_o_ptr, mid_lse_ptr, stride_mo_b, stride_mo_h, stride_mo_s, stride_ml_b, stride_ml_h,
-            b, h, split, code_len, qk_scale, page_size, tiles_per_split, magic,
-            GROUP, M, D, G, BITS, BLOCK_T, WARPS, INTERPRET)
+            b, h, split, code_len, qk_scale, page_size, tiles_per_split,
+            GROUP, QROWS, M, D, G, BITS, BLOCK_T, WARPS, INTERPRET)
     else:
         _residual_partial(
             q_ptr, stride_qb, stride_qh, kr_ptr, vr_ptr, stride_r_b, stride_r_h, stride_r_t,
@@ -533,6 +578,12 @@ def _host_values(t: torch.Tensor) -> list[int]:
     return values
 
 
+def fold_rows(group: int) -> int:
+    """Rows of q the per-tile K-scale folding runs on (_fold_k_scales): the one query head of
+    its kv head, or every M row (each head twice) for GQA."""
+    return 1 if group == 1 else 2 * max(8, triton.next_power_of_2(group))
+
+
 def _target_programs(device: torch.device) -> int:
     """Split programs to aim for at batch 1: SPLIT_PROGRAMS_PER_SM per SM on a GPU; a few in the
     interpreter, which pays per program."""
@@ -577,8 +628,8 @@ def _triton_decode(q, view: PagedQuantizedKV, lens, cache_lens, max_code_len, sm
         view.block_table, view.block_table.stride(0),
         lens, cache_lens,
         mid_o, mid_lse, *mid_o.stride()[:3], *mid_lse.stride()[:2],
-        sm_scale * LOG2E, view.page_size, splits, per, MAGIC_PAIR,
-        GROUP=group, M=2 * max(8, triton.next_power_of_2(group)), D=d, G=g, BITS=view.bits,
+        sm_scale * LOG2E, view.page_size, splits, per,
+        GROUP=group, QROWS=fold_rows(group), M=2 * max(8, triton.next_power_of_2(group)), D=d, G=g, BITS=view.bits,
         BLOCK_T=block_t, WARPS=view.warps, INTERPRET=triton_interpreted(),
         num_warps=view.warps, num_stages=NUM_STAGES, **({"maxnreg": MAX_REGISTERS} if MAX_REGISTERS else {}),
     )
@@ -705,7 +756,7 @@ def _split_signature(q_type: str, res_type: str, scale_type: str) -> dict:
            "bt_ptr": "*i32", "stride_bt_b": "i32", "lens_ptr": "*i32", "cache_lens_ptr": "*i32",
            "mid_o_ptr": "*fp32", "mid_lse_ptr": "*fp32", "stride_mo_b": "i32", "stride_mo_h": "i32",
            "stride_mo_s": "i32", "stride_ml_b": "i32", "stride_ml_h": "i32",
-           "qk_scale": "fp32", "page_size": "i32", "num_splits": "i32", "tiles_per_split": "i32", "magic": "i32"}
+           "qk_scale": "fp32", "page_size": "i32", "num_splits": "i32", "tiles_per_split": "i32"}
     return sig
 
 
@@ -726,9 +777,9 @@ def split_spec(dtype: str = "fp16", d: int = 128, bits: int = 3, g: int = 64, gr
     return AotSpec(
         f"decode_split_{dtype}_d{d}_b{bits}_g{g}_gqa{group}_t{tile}w{warps}", _decode_split_kernel,
         _split_signature(f"*{dtype}", f"*{dtype}", "*fp16"),
-        {"GROUP": group, "M": 2 * max(8, triton.next_power_of_2(group)), "D": d, "G": g, "BITS": bits,
+        {"GROUP": group, "QROWS": fold_rows(group), "M": 2 * max(8, triton.next_power_of_2(group)), "D": d, "G": g, "BITS": bits,
          "BLOCK_T": tile, "WARPS": warps, "INTERPRET": False},
-        num_warps=warps, divisible_ints=_SPLIT_MULTIPLES,
+        num_warps=warps, num_stages=NUM_STAGES, divisible_ints=_SPLIT_MULTIPLES,
     )
 
 

@@ -10,11 +10,11 @@ word, exactly the words whose values form its own tensor-core operand fragment: 
 shuffles, no shared-memory round trip between the load and the dot. Two ideas:
 
 * pairs: a 32-value group lives in ``bits`` words ("planes") so that
-  ``(w >> s) & 0x00070007 | 0x64006400`` yields two fp16 numbers (1024 + code) in
-  one register, already in the operand's register pairs. For bits 2 and 4, plane k
+  ``(w >> s) & 0x00070007`` yields two codes in one register, already in the
+  operand's register pairs (read as fp16, the exact subnormals code * 2^-24). For bits 2 and 4, plane k
   holds 16/b pairs at bits [b*j, b*j + b) and [16 + b*j, ...); for bits 3, planes
-  0..2 hold 4 pairs each at bits [3j, 3j+3) and [16+3j, ...), and the other 4 pairs
-  are spread over the spare bits 12..15 and 28..31 of the three planes.
+  0..2 hold 5 pairs each at bits [3j, 3j+3) and [16+3j, ...), and the last pair is
+  spread over bits 15 and 31 of the three planes (value bit i in plane i).
 * fragments: a tile is a matrix [N, K] (K: the reduction axis of its product; K
   tiles are [t tokens, D], V tiles [D, t tokens]). In the B-operand layout of an
   m16n8k16 MMA with the warps along N, thread
@@ -84,8 +84,8 @@ def _join4(w: torch.Tensor, start: int, step: int, field: int) -> torch.Tensor:
                  _join(_field(w, start + 2 * step, field), _field(w, start + 3 * step, field)))
 
 
-def _spare(w0, w1, w2, j: int) -> torch.Tensor:
-    return ((w0 >> (12 + j)) & 0x00010001) | ((w1 >> (11 + j)) & 0x00020002) | ((w2 >> (10 + j)) & 0x00040004)
+def _top_bits(w0, w1, w2) -> torch.Tensor:
+    return ((w0 >> 15) & 0x00010001) | ((w1 >> 14) & 0x00020002) | ((w2 >> 13) & 0x00040004)
 
 
 def unpack_group(planes: list[torch.Tensor], bits: int) -> torch.Tensor:
@@ -99,8 +99,7 @@ def unpack_group(planes: list[torch.Tensor], bits: int) -> torch.Tensor:
         f = ((1 << bits) - 1) * 0x10001
         w0, w1, w2 = planes[:3]
         if bits == 3:
-            last = _join(_join(_spare(w0, w1, w2, 0), _spare(w0, w1, w2, 1)),
-                         _join(_spare(w0, w1, w2, 2), _spare(w0, w1, w2, 3)))
+            last = _join(_join(_field(w0, 12, f), _field(w1, 12, f)), _join(_field(w2, 12, f), _top_bits(w0, w1, w2)))
         else:
             last = _join4(planes[3], 0, 4, f)
         pairs = _join(_join(_join4(w0, 0, bits, f), _join4(w1, 0, bits, f)), _join(_join4(w2, 0, bits, f), last))

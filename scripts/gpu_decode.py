@@ -132,6 +132,38 @@ def tune() -> list[dict]:
     return rows
 
 
+def grid() -> list[dict]:
+    """Pipeline depth x split target over issue 4's shapes, fused kernel only; sets the best
+    (highest geometric-mean speed over the shapes) for the table."""
+    import math
+
+    from decode_support import GPU_BENCH_SHAPES, per_call_ms, random_kv, random_q
+
+    rows = []
+    for b, hq, hkv, s, d in GPU_BENCH_SHAPES:
+        k, v = random_kv(b, hkv, s, d, device="cuda", seed=41)
+        q = random_q(b, hq, d, device="cuda", seed=42)
+        cache = kernels.quantize_kv(k, v, 3, backend="triton")
+        del k, v
+        for stages in (2, 3):
+            for target in (12, 16, 24):
+                dec.NUM_STAGES, dec.SPLIT_PROGRAMS_PER_SM = stages, target
+                ms = per_call_ms([lambda q=q, cache=cache: dec.decode_attention(q, cache)])
+                rows.append({"shape": f"B={b} Hq={hq} Hkv={hkv} S={s}", "num_stages": stages,
+                             "programs_per_sm": target, "ms": ms})
+                log(f"grid {rows[-1]}")
+        del cache
+        torch.cuda.empty_cache()
+    score = {}
+    for r in rows:
+        key = (r["num_stages"], r["programs_per_sm"])
+        score[key] = score.get(key, 0.0) + math.log(r["ms"])
+    (stages, target), _ = min(score.items(), key=lambda kv: kv[1])
+    dec.NUM_STAGES, dec.SPLIT_PROGRAMS_PER_SM = stages, target
+    log(f"table uses num_stages={stages}, {target} programs per SM")
+    return rows
+
+
 def bench_suite(out_dir: Path) -> list[dict]:
     """Run suites/test_bench_decode.py in this process (with its tuned settings); return its figures."""
     import pytest
@@ -173,6 +205,7 @@ def main() -> int:
     parser.add_argument("--warps", type=int, default=None, help="warps of the default layout")
     parser.add_argument("--suites", action="store_true", help="also run the decode suites on the GPU")
     parser.add_argument("--tune", action="store_true", help="sweep register cap and pipeline depth")
+    parser.add_argument("--grid", action="store_true", help="sweep pipeline depth x split target on the table's shapes")
     parser.add_argument("--bench", action="store_true", help="run the bench suite instead of the table")
     parser.add_argument("--no-checks", action="store_true", help="skip the small correctness checks")
     args = parser.parse_args()
@@ -197,7 +230,7 @@ def main() -> int:
     log(f"copy bandwidth {result['copy_gbps']:.0f} GB/s")
     result["checks"] = [] if args.no_checks else correctness()
     if args.sweep:
-        targets = [8, 16, 32]
+        targets = [8, 12, 16, 24, 32]
         result["sweep"] = sweep([(64, 4), (64, 2)], targets, [(1, 32, 32, 131072, 128)])
         result["sweep"] += sweep([(64, 4), (64, 2)], targets, [(8, 32, 8, 32768, 128)])
         scores = {}
@@ -207,6 +240,8 @@ def main() -> int:
         dec.SPLIT_PROGRAMS_PER_SM = target
         kernels.paged.DEFAULT_WARPS = int(layout.split("w")[1])
         log(f"table uses {layout}, {target} programs per SM")
+    if args.grid:
+        result["grid"] = grid()
     if args.tune:
         result["tune"] = tune()
         best = min(result["tune"], key=lambda r: r["ms"])

@@ -1,7 +1,7 @@
 """Static instruction budget of the fused decode and the quantize kernels, from their sm_90
 machine code, on any machine (harness/sass.py): registers, spills, and for the decode split
 loop its SASS instructions per K/V element and thread, the figure an issue-bound kernel is
-judged by (ncu on the H200 counted about 6 for the default specialization). Figures only:
+judged by (ncu on the H200 counts about as many as the static figure). Figures only:
 the cases fail when a kernel does not compile or its machine code cannot be read."""
 
 from __future__ import annotations
