@@ -61,7 +61,7 @@ from .paged import (
 
 BACKENDS = ("torch", "triton")
 Q_DTYPES = (torch.float16, torch.bfloat16)
-SPLIT_PROGRAMS_PER_SM = 24  # split-KV target: programs per SM (H200: 24 beats 1 to 16 and 32)
+SPLIT_PROGRAMS_PER_SM = 16  # split-KV target: programs per SM (H200, 1-warp tiles: 16 beats 24, 32 and 48)
 NUM_STAGES = 2  # software-pipelining depth of the code-word loads (H200: 2 beats 3 and 4)
 MAX_REGISTERS = None  # register cap per thread (None: the compiler's choice)
 LOG2E = 1.4426950408889634
@@ -786,7 +786,8 @@ def split_spec(dtype: str = "fp16", d: int = 128, bits: int = 3, g: int = 64, gr
 def _aot_specs() -> list[AotSpec]:
     specs = [split_spec(**case) for case in (  # one per structurally different kernel
         {}, {"group": 8}, {"d": 64}, {"d": 256, "g": 128}, {"bits": 2}, {"bits": 4}, {"d": 64, "g": 32},
-        {"dtype": "bf16", "group": 4}, {"tile": 64, "warps": 4}, {"tile": 16, "warps": 1},
+        {"dtype": "bf16", "group": 4}, {"tile": 64, "warps": 2}, {"tile": 64, "warps": 4},
+        {"tile": 16, "warps": 1},
     )]
     for dtype in ("fp16", "bf16"):
         specs.append(AotSpec(

@@ -67,7 +67,7 @@ DECODE_BITS = (2, 3, 4)
 DECODE_HEAD_DIMS = (64, 128, 256)
 TILES = (16, 32, 64)  # tokens per tile
 WARPS = (1, 2, 4)  # warps of the kernel program the arrangement is made for
-DEFAULT_TILE, DEFAULT_WARPS = 64, 2  # measured on an H200: 2 warps beat 4 (fewer cross-warp steps)
+DEFAULT_TILE, DEFAULT_WARPS = 64, 1  # measured on an H200: 1 warp beats 2 and 4 (no cross-warp steps)
 
 
 # ----------------------------------------------------------------------------- tile arrangement
@@ -140,9 +140,10 @@ def check_arrangement(d: int, tile: int, warps: int) -> None:
 
 def default_layout(d: int, group_size: int) -> tuple[int, int]:
     """(tile, warps) the kernel uses for head_dim d and group size G: the largest tile that
-    stays inside one K scale group, with as many warps (up to DEFAULT_WARPS) as it fits."""
+    stays inside one K scale group, with the fewest warps (from DEFAULT_WARPS up) it fits
+    (D = 256 needs 2 warps for a 64-token tile)."""
     tile = min(DEFAULT_TILE, group_size)
-    for warps in (w for w in sorted(WARPS, reverse=True) if w <= DEFAULT_WARPS):
+    for warps in (w for w in sorted(WARPS) if w >= DEFAULT_WARPS):
         try:
             check_arrangement(d, tile, warps)
         except ValueError:
