@@ -136,3 +136,30 @@ def test_read_bytes(record):
     want = 2 * (192 * per_token + 8 * 4 * 2 * 128 * 2)
     assert view.read_bytes() == int(want)
     _record(record, states_checked=1, bytes=view.read_bytes())
+
+
+@pytest.mark.parametrize("d, g", [(d, g) for d, g in itertools.product(paged.DECODE_HEAD_DIMS, (32, 64, 128))
+                                  if d % g == 0])
+def test_default_layout_takes_the_fewest_warps_that_fit(record, d, g):
+    """The kernel's layout: the largest tile inside one K scale group (at most DEFAULT_TILE), on
+    the fewest warps from DEFAULT_WARPS up that hold its fragments (D = 256 needs two warps for
+    64 tokens), and never fewer warps than a smaller DEFAULT_WARPS setting would give."""
+    tile, warps = paged.default_layout(d, g)
+    assert tile == min(paged.DEFAULT_TILE, g)
+    paged.check_arrangement(d, tile, warps)
+    assert warps >= paged.DEFAULT_WARPS
+    for fewer in (w for w in paged.WARPS if paged.DEFAULT_WARPS <= w < warps):
+        with pytest.raises(ValueError):
+            paged.check_arrangement(d, tile, fewer)
+    _record(record, states_checked=1, layout=f"t{tile}w{warps}")
+
+
+def test_default_warps_is_a_floor(record, monkeypatch):
+    """Raising DEFAULT_WARPS (as the GPU sweep does) moves every default layout up to it."""
+    monkeypatch.setattr(paged, "DEFAULT_WARPS", 2)
+    assert paged.default_layout(128, 64) == (64, 2)
+    assert paged.default_layout(256, 128) == (64, 2)
+    monkeypatch.setattr(paged, "DEFAULT_WARPS", 1)
+    assert paged.default_layout(128, 64) == (64, 1)
+    assert paged.default_layout(64, 32) == (32, 1)
+    _record(record, states_checked=4)
