@@ -65,6 +65,7 @@ SPLIT_PROGRAMS_PER_SM = 16  # split-KV target: programs per SM (H200, 1-warp til
 NUM_STAGES = 2  # software-pipelining depth of the code-word loads (H200: 2 beats 3 and 4)
 MAX_REGISTERS = None  # register cap per thread (None: the compiler's choice)
 LOG2E = 1.4426950408889634
+UNIT_INV = tl.constexpr(16777216.0)  # 2^24: unpacked codes enter the products as code * 2^-24
 
 
 # ----------------------------------------------------------------------------- references
@@ -334,7 +335,6 @@ def _code_tile(
     V: per-token scales folded into p, one product per channel group (_v_group).
     """
     NGV: tl.constexpr = D // G
-    UNIT_INV: tl.constexpr = 16777216.0  # 2^24: the codes enter the products as code * 2^-24
     tt = tl.arange(0, BLOCK_T)
     valid = tile * BLOCK_T + tt < code_len
 
@@ -409,7 +409,6 @@ def _code_partial(
     """Attend the split's tiles of quantized tokens and store its partial output and lse."""
     NGV: tl.constexpr = D // G
     HALF: tl.constexpr = M // 2
-    UNIT_INV: tl.constexpr = 16777216.0  # 2^24 (_code_tile)
     G1: tl.constexpr = G if NGV == 2 else 16  # second channel group's accumulator (unused when NGV = 1)
     T1: tl.constexpr = BLOCK_T if NGV == 2 else 16
     d = tl.arange(0, D)

@@ -72,22 +72,28 @@ def correctness() -> list[dict]:
     return rows
 
 
+def shape_case(b: int, hq: int, hkv: int, s: int, d: int, seed: int):
+    """(label, q, 3-bit cache) of one decode shape on the GPU, from fresh random K/V."""
+    from decode_support import random_kv, random_q
+
+    k, v = random_kv(b, hkv, s, d, device="cuda", seed=seed)
+    q = random_q(b, hq, d, device="cuda", seed=seed + 1)
+    return f"B={b} Hq={hq} Hkv={hkv} S={s}", q, kernels.quantize_kv(k, v, 3, backend="triton")
+
+
 def sweep(layouts, targets, shapes) -> list[dict]:
-    from decode_support import per_call_ms, random_kv, random_q
+    from decode_support import per_call_ms
 
     rows = []
-    for b, hq, hkv, s, d in shapes:
-        k, v = random_kv(b, hkv, s, d, device="cuda", seed=11)
-        q = random_q(b, hq, d, device="cuda", seed=12)
-        cache = kernels.quantize_kv(k, v, 3, backend="triton")
-        del k, v
+    for shape in shapes:
+        label, q, cache = shape_case(*shape, seed=11)
         for tile, warps in layouts:
             view = decode_view(cache, tile=tile, warps=warps)
             nbytes = view.read_bytes()
             for target in targets:
                 dec.SPLIT_PROGRAMS_PER_SM = target
                 ms = per_call_ms([lambda q=q, view=view: dec.decode_attention(q, view)])
-                rows.append({"shape": f"B={b} Hq={hq} Hkv={hkv} S={s}", "layout": f"t{tile}w{warps}",
+                rows.append({"shape": label, "layout": f"t{tile}w{warps}",
                              "programs_per_sm": target, "ms": ms, "gbps": nbytes / ms / 1e6})
                 log(f"sweep {rows[-1]}")
         del cache
@@ -111,15 +117,10 @@ def table() -> list[dict]:
 
 def tune() -> list[dict]:
     """Pipeline depth x register cap for the default layout, B=1 H=32 D=128 S=128K."""
-    from decode_support import per_call_ms, random_kv, random_q
+    from decode_support import per_call_ms
 
     rows = []
-    cases = []
-    for b, hq, hkv, s in ((1, 32, 32, 131072),):
-        k, v = random_kv(b, hkv, s, 128, device="cuda", seed=31)
-        cases.append((f"B={b} Hq={hq} Hkv={hkv} S={s}", random_q(b, hq, 128, device="cuda", seed=32),
-                      kernels.quantize_kv(k, v, 3, backend="triton")))
-        del k, v
+    cases = [shape_case(1, 32, 32, 131072, 128, seed=31)]
     for stages in (2, 3, 4):
         for maxnreg in (None, 128):
             dec.NUM_STAGES, dec.MAX_REGISTERS = stages, maxnreg
@@ -137,19 +138,16 @@ def grid() -> list[dict]:
     (highest geometric-mean speed over the shapes) for the table."""
     import math
 
-    from decode_support import GPU_BENCH_SHAPES, per_call_ms, random_kv, random_q
+    from decode_support import GPU_BENCH_SHAPES, per_call_ms
 
     rows = []
-    for b, hq, hkv, s, d in GPU_BENCH_SHAPES:
-        k, v = random_kv(b, hkv, s, d, device="cuda", seed=41)
-        q = random_q(b, hq, d, device="cuda", seed=42)
-        cache = kernels.quantize_kv(k, v, 3, backend="triton")
-        del k, v
+    for shape in GPU_BENCH_SHAPES:
+        label, q, cache = shape_case(*shape, seed=41)
         for stages in (2, 3):
             for target in (12, 16, 24):
                 dec.NUM_STAGES, dec.SPLIT_PROGRAMS_PER_SM = stages, target
                 ms = per_call_ms([lambda q=q, cache=cache: dec.decode_attention(q, cache)])
-                rows.append({"shape": f"B={b} Hq={hq} Hkv={hkv} S={s}", "num_stages": stages,
+                rows.append({"shape": label, "num_stages": stages,
                              "programs_per_sm": target, "ms": ms})
                 log(f"grid {rows[-1]}")
         del cache
@@ -185,11 +183,7 @@ def bench_suite(out_dir: Path) -> list[dict]:
 
 def profile_one(out_dir: Path) -> None:
     """Run one fused decode (B=1, H=32, D=128, S=128K) a few times, for ncu."""
-    from decode_support import random_kv, random_q
-
-    k, v = random_kv(1, 32, 131072, 128, device="cuda", seed=21)
-    q = random_q(1, 32, 128, device="cuda", seed=22)
-    cache = kernels.quantize_kv(k, v, 3, backend="triton")
+    _, q, cache = shape_case(1, 32, 32, 131072, 128, seed=21)
     for _ in range(3):
         dec.decode_attention(q, cache)
     torch.cuda.synchronize()
