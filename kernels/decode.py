@@ -577,10 +577,16 @@ def _host_values(t: torch.Tensor) -> list[int]:
     return values
 
 
+def mma_rows(group: int) -> int:
+    """M of both tensor-core products: each of the group's query heads twice (hi and lo rows),
+    padded to a power of two of at least 16."""
+    return 2 * max(8, triton.next_power_of_2(group))
+
+
 def fold_rows(group: int) -> int:
     """Rows of q the per-tile K-scale folding runs on (_fold_k_scales): the one query head of
     its kv head, or every M row (each head twice) for GQA."""
-    return 1 if group == 1 else 2 * max(8, triton.next_power_of_2(group))
+    return 1 if group == 1 else mma_rows(group)
 
 
 def _target_programs(device: torch.device) -> int:
@@ -628,7 +634,7 @@ def _triton_decode(q, view: PagedQuantizedKV, lens, cache_lens, max_code_len, sm
         lens, cache_lens,
         mid_o, mid_lse, *mid_o.stride()[:3], *mid_lse.stride()[:2],
         sm_scale * LOG2E, view.page_size, splits, per,
-        GROUP=group, QROWS=fold_rows(group), M=2 * max(8, triton.next_power_of_2(group)), D=d, G=g, BITS=view.bits,
+        GROUP=group, QROWS=fold_rows(group), M=mma_rows(group), D=d, G=g, BITS=view.bits,
         BLOCK_T=block_t, WARPS=view.warps, INTERPRET=triton_interpreted(),
         num_warps=view.warps, num_stages=NUM_STAGES, **({"maxnreg": MAX_REGISTERS} if MAX_REGISTERS else {}),
     )
@@ -776,7 +782,7 @@ def split_spec(dtype: str = "fp16", d: int = 128, bits: int = 3, g: int = 64, gr
     return AotSpec(
         f"decode_split_{dtype}_d{d}_b{bits}_g{g}_gqa{group}_t{tile}w{warps}", _decode_split_kernel,
         _split_signature(f"*{dtype}", f"*{dtype}", "*fp16"),
-        {"GROUP": group, "QROWS": fold_rows(group), "M": 2 * max(8, triton.next_power_of_2(group)), "D": d, "G": g, "BITS": bits,
+        {"GROUP": group, "QROWS": fold_rows(group), "M": mma_rows(group), "D": d, "G": g, "BITS": bits,
          "BLOCK_T": tile, "WARPS": warps, "INTERPRET": False},
         num_warps=warps, num_stages=NUM_STAGES, divisible_ints=_SPLIT_MULTIPLES,
     )
