@@ -11,10 +11,11 @@ shuffles, no shared-memory round trip between the load and the dot. Two ideas:
 
 * pairs: a 32-value group lives in ``bits`` words ("planes") so that
   ``(w >> s) & 0x00070007`` yields two codes in one register, already in the
-  operand's register pairs (read as fp16, the exact subnormals code * 2^-24). For bits 2 and 4, plane k
-  holds 16/b pairs at bits [b*j, b*j + b) and [16 + b*j, ...); for bits 3, planes
-  0..2 hold 5 pairs each at bits [3j, 3j+3) and [16+3j, ...), and the last pair is
-  spread over bits 15 and 31 of the three planes (value bit i in plane i).
+  operand's register pairs (read as fp16, the exact subnormals code * 2^-24). For
+  bits 2 and 4, plane k holds 16/b pairs at bits [b*j, b*j + b) and [16 + b*j, ...);
+  for bits 3, planes 0..2 hold 5 pairs each at bits [3j, 3j+3) and [16+3j, ...), and
+  the last pair is spread over bits 15 and 31 of the three planes (value bit i in
+  plane i).
 * fragments: a tile is a matrix [N, K] (K: the reduction axis of its product; K
   tiles are [t tokens, D], V tiles [D, t tokens]). In the B-operand layout of an
   m16n8k16 MMA with the warps along N, thread
