@@ -21,8 +21,12 @@ Triton path, two kernels:
    codes: K scales are folded into q per tile (on the one query row when Hq = Hkv) and
    V scales into p per channel group; zero points become a rank-1 correction (one bias
    per head for K, a per-token sum for V). The rounding of q*s and p*s to fp16 is split
-   into hi and lo rows of M, so the products carry about 22 bits. The last program attends the fp residual window. Each writes a
-   normalized partial output and its log-sum-exp (base 2).
+   into hi and lo rows of M, so the products carry about 22 bits. The softmax weights
+   enter the V product in the registers the logits product left them in (V tiles store
+   their tokens in that order, :func:`kernels.paged.kernel_token_order`). Only the
+   sequence's last code tile, which may end past the attended length, is masked (the loop
+   over whole tiles has no token mask). The last program attends the fp residual window.
+   Each writes a normalized partial output and its log-sum-exp (base 2).
 2. ``_decode_merge_kernel``, grid ``(Hq, B)``: merges the partials by log-sum-exp.
 
 The number of splits comes from the shape, so that batch 1 fills every SM.
@@ -223,11 +227,10 @@ def _online_update(m, l, acc, qk, v, valid):
 @triton.jit
 def _hi_lo(x, HALF: tl.constexpr, N: tl.constexpr):
     """fp32 [HALF, N] -> fp16 [2 * HALF, N]: rows [0, HALF) hold fl16(x), rows [HALF, 2 HALF) the
-    remainder fl16(x - fl16(x)); their sum carries about 22 bits. Also returns hi + lo in fp32."""
+    remainder fl16(x - fl16(x)); their sum carries about 22 bits."""
     hi = x.to(tl.float16)
     lo = (x - hi.to(tl.float32)).to(tl.float16)
-    both = tl.reshape(tl.permute(tl.join(hi, lo), (2, 0, 1)), [2 * HALF, N])
-    return both, hi.to(tl.float32) + lo.to(tl.float32)
+    return tl.reshape(tl.permute(tl.join(hi, lo), (2, 0, 1)), [2 * HALF, N])
 
 
 @triton.jit
@@ -235,18 +238,18 @@ def _fold_k_scales(q32, ks, kz, QROWS: tl.constexpr, HALF: tl.constexpr, D: tl.c
     """K scales [D] folded into q: (fp16 [2 HALF, D] rows hi(q*s) then lo(q*s), bias [HALF, 1] =
     (q*s) . zero). q32 is [1, D] for one query head per kv head (the fold runs on that row alone
     and the other rows are zeros) or [2 HALF, D], each head twice (rows r and r + HALF)."""
-    x = q32 * ks.to(tl.float32)[None, :]
+    x = q32 * ks[None, :]
     hi = x.to(tl.float16)
     if QROWS == 1:
         lo = (x - hi.to(tl.float32)).to(tl.float16)
-        bias = tl.sum((hi.to(tl.float32) + lo.to(tl.float32)) * kz.to(tl.float32)[None, :], 1)
+        bias = tl.sum((hi.to(tl.float32) + lo.to(tl.float32)) * kz[None, :], 1)
         qs = tl.reshape(tl.permute(tl.join(_zero_rows(hi, 1, HALF, D), _zero_rows(lo, 1, HALF, D)), (2, 0, 1)),
                         [2 * HALF, D])
         return qs, _zero_rows(bias[:, None], 1, HALF, 1)
     else:
         lo_row = tl.arange(0, 2 * HALF) >= HALF
         qs = tl.where(lo_row[:, None], (x - hi.to(tl.float32)).to(tl.float16), hi)
-        bias = tl.sum(tl.reshape(tl.sum(qs.to(tl.float32) * kz.to(tl.float32)[None, :], 1), [2, HALF]), 0)
+        bias = tl.sum(tl.reshape(tl.sum(qs.to(tl.float32) * kz[None, :], 1), [2, HALF]), 0)
         return qs, bias[:, None]
 
 
@@ -269,15 +272,25 @@ def _rows2(x, HALF: tl.constexpr):
 
 
 @triton.jit
+def _fragment_tokens(x, ROWS: tl.constexpr, T: tl.constexpr):
+    """[ROWS, T] -> [ROWS, T] with token 16 i + 8 h + 2 c + p moved to 16 i + 4 c + 2 h + p: the
+    order of kernels.paged's V tiles (kernel_token_order), in which the logits' accumulator
+    fragment is already the dot's A-operand fragment (no shuffles between the two products)."""
+    return tl.reshape(tl.permute(tl.reshape(x, [ROWS, T // 16, 2, 4, 2]), (0, 1, 3, 2, 4)), [ROWS, T])
+
+
+@triton.jit
 def _v_group(acc, zacc, p, alpha, v, s, z, HALF: tl.constexpr, BLOCK_T: tl.constexpr):
     """V product of one channel group with its per-token scale s [T] folded into p.
 
     acc [2 HALF, G] += [hi; lo](p * s) @ (code * 2^-24); zacc [HALF, T] += (p * s) * z, kept
-    per token and reduced once per split (2^24 acc - sum(zacc) is the dequantized product).
+    per token and reduced once per split (2^24 acc - sum(zacc) is the dequantized product). s and
+    z are fp32 [T]; v [G, T] holds its tokens in kernels.paged's V tile order (_fragment_tokens).
     """
-    ps, ps32 = _hi_lo(p * s.to(tl.float32)[None, :], HALF, BLOCK_T)
+    ps32 = p * s[None, :]
+    ps = _fragment_tokens(_hi_lo(ps32, HALF, BLOCK_T), 2 * HALF, BLOCK_T)
     acc = tl.dot(ps, tl.trans(v), acc * _rows2(alpha, HALF)[:, None])
-    zacc = zacc * alpha[:, None] + ps32 * z.to(tl.float32)[None, :]
+    zacc = zacc * alpha[:, None] + ps32 * z[None, :]
     return acc, zacc
 
 
@@ -301,17 +314,17 @@ def _tile_params(
     # Vector masks built by a vector comparison: triton 3.9's interpreter keeps a scalar
     # comparison's result as int32 data, which `&` would carry into a load mask it rejects.
     k_live = d < tl.where(live, D, 0)
-    ks = tl.load(ks_ptr + kbase, mask=k_live, other=0.0)
-    kz = tl.load(kz_ptr + kbase, mask=k_live, other=0.0)
+    ks = tl.load(ks_ptr + kbase, mask=k_live, other=0.0).to(tl.float32)
+    kz = tl.load(kz_ptr + kbase, mask=k_live, other=0.0).to(tl.float32)
     vbase = page * stride_vs_p + h * stride_vs_h + (off + tt) * stride_vs_t
     valid = (t0 + tt < code_len) & (tt < tl.where(live, BLOCK_T, 0))
-    vs0 = tl.load(vs_ptr + vbase, mask=valid, other=0.0)
-    vz0 = tl.load(vz_ptr + vbase, mask=valid, other=0.0)
+    vs0 = tl.load(vs_ptr + vbase, mask=valid, other=0.0).to(tl.float32)
+    vz0 = tl.load(vz_ptr + vbase, mask=valid, other=0.0).to(tl.float32)
     vs1 = vs0
     vz1 = vz0
     if NGV == 2:
-        vs1 = tl.load(vs_ptr + vbase + 1, mask=valid, other=0.0)
-        vz1 = tl.load(vz_ptr + vbase + 1, mask=valid, other=0.0)
+        vs1 = tl.load(vs_ptr + vbase + 1, mask=valid, other=0.0).to(tl.float32)
+        vz1 = tl.load(vz_ptr + vbase + 1, mask=valid, other=0.0).to(tl.float32)
     return page, off, ks, kz, vs0, vz0, vs1, vz1
 
 
@@ -321,9 +334,10 @@ def _code_tile(
     page, off, ks, kz, vs0, vz0, vs1, vz1, h,
     kw_ptr, stride_kw_p, stride_kw_h, stride_kw_t, vw_ptr, stride_vw_p, stride_vw_h, stride_vw_t,
     QROWS: tl.constexpr, HALF: tl.constexpr, D: tl.constexpr, G: tl.constexpr, BITS: tl.constexpr,
-    BLOCK_T: tl.constexpr, WARPS: tl.constexpr, INTERPRET: tl.constexpr,
+    BLOCK_T: tl.constexpr, WARPS: tl.constexpr, INTERPRET: tl.constexpr, MASKED: tl.constexpr,
 ):
-    """Attend one tile of BLOCK_T quantized tokens (one page, one K scale group).
+    """Attend one tile of BLOCK_T quantized tokens (one page, one K scale group); MASKED: the
+    tile may end past code_len (the sequence's last code tile), whose logits beyond it are -inf.
 
     K: the tile's per-channel scales are folded into q (q * s, split into fp16 hi and lo rows
     of the M dimension) and its zero points become one bias per row, so the codes enter the
@@ -335,14 +349,13 @@ def _code_tile(
     V: per-token scales folded into p, one product per channel group (_v_group).
     """
     NGV: tl.constexpr = D // G
-    tt = tl.arange(0, BLOCK_T)
-    valid = tile * BLOCK_T + tt < code_len
-
     qs, bias = _fold_k_scales(q32, ks, kz, QROWS, HALF, D)
     kptr = kw_ptr + page * stride_kw_p + h * stride_kw_h + (off // BLOCK_T) * stride_kw_t
     k_codes = _load_tile(kptr, BLOCK_T, D, BITS, WARPS, INTERPRET)  # [BLOCK_T, D], code * 2^-24
     qk = tl.sum(tl.reshape(tl.dot(qs, tl.trans(k_codes)), [2, HALF, BLOCK_T]), 0) * UNIT_INV - bias
-    qk = tl.where(valid[None, :], qk, float("-inf"))  # [HALF, BLOCK_T], log2 domain
+    if MASKED:
+        valid = tile * BLOCK_T + tl.arange(0, BLOCK_T) < code_len
+        qk = tl.where(valid[None, :], qk, float("-inf"))  # [HALF, BLOCK_T], log2 domain
     m_new = tl.maximum(m, tl.max(qk, 1))
     alpha = tl.exp2(m - m_new)
     p = tl.exp2(qk - m_new[:, None])
@@ -380,7 +393,7 @@ def _tile_step(
     ks_ptr, kz_ptr, stride_ks_p, stride_ks_h, stride_ks_g, vw_ptr, stride_vw_p, stride_vw_h, stride_vw_t,
     vs_ptr, vz_ptr, stride_vs_p, stride_vs_h, stride_vs_t, bt_ptr, stride_bt_b, page_size,
     QROWS: tl.constexpr, HALF: tl.constexpr, D: tl.constexpr, G: tl.constexpr, BITS: tl.constexpr,
-    BLOCK_T: tl.constexpr, WARPS: tl.constexpr, INTERPRET: tl.constexpr,
+    BLOCK_T: tl.constexpr, WARPS: tl.constexpr, INTERPRET: tl.constexpr, MASKED: tl.constexpr,
 ):
     """One step of a split's tile loop: fetch the next tile's page and scales, attend this tile
     (whose page and scales the previous step fetched). Returns the softmax state, then the
@@ -391,7 +404,8 @@ def _tile_step(
     m, l_acc, acc0, acc1, zacc0, zacc1 = _code_tile(
         m, l_acc, acc0, acc1, zacc0, zacc1, q32, tile, code_len,
         page, off, ks, kz, vs0, vz0, vs1, vz1, h, kw_ptr, stride_kw_p, stride_kw_h, stride_kw_t,
-        vw_ptr, stride_vw_p, stride_vw_h, stride_vw_t, QROWS, HALF, D, G, BITS, BLOCK_T, WARPS, INTERPRET)
+        vw_ptr, stride_vw_p, stride_vw_h, stride_vw_t, QROWS, HALF, D, G, BITS, BLOCK_T, WARPS, INTERPRET,
+        MASKED)
     page, off, ks, kz, vs0, vz0, vs1, vz1 = nxt
     return m, l_acc, acc0, acc1, zacc0, zacc1, page, off, ks, kz, vs0, vz0, vs1, vz1
 
@@ -427,24 +441,34 @@ def _code_partial(
     page, off, ks, kz, vs0, vz0, vs1, vz1 = _tile_params(
         b, h, t_begin, t_begin < t_end, code_len, ks_ptr, kz_ptr, stride_ks_p, stride_ks_h, stride_ks_g,
         vs_ptr, vz_ptr, stride_vs_p, stride_vs_h, stride_vs_t, bt_ptr, stride_bt_b, page_size, D, G, BLOCK_T)
+    # Tiles before t_whole hold code_len's tokens throughout and skip the token mask; at most the
+    # split's last tile (the sequence's last code tile) ends past code_len.
+    t_whole = tl.maximum(t_begin, tl.minimum(t_end, code_len // BLOCK_T))
     if INTERPRET:  # the interpreter cannot run range() over run-time bounds
         tile = t_begin
-        while tile < t_end:
+        while tile < t_whole:
             m, l_acc, acc0, acc1, zacc0, zacc1, page, off, ks, kz, vs0, vz0, vs1, vz1 = _tile_step(
                 m, l_acc, acc0, acc1, zacc0, zacc1, page, off, ks, kz, vs0, vz0, vs1, vz1,
                 q32, tile, t_end, b, h, code_len, kw_ptr, stride_kw_p, stride_kw_h,
                 stride_kw_t, ks_ptr, kz_ptr, stride_ks_p, stride_ks_h, stride_ks_g, vw_ptr, stride_vw_p,
                 stride_vw_h, stride_vw_t, vs_ptr, vz_ptr, stride_vs_p, stride_vs_h, stride_vs_t, bt_ptr,
-                stride_bt_b, page_size, QROWS, HALF, D, G, BITS, BLOCK_T, WARPS, INTERPRET)
+                stride_bt_b, page_size, QROWS, HALF, D, G, BITS, BLOCK_T, WARPS, INTERPRET, False)
             tile += 1
     else:  # a for loop: the compiler software-pipelines its loads (NUM_STAGES)
-        for tile in range(t_begin, t_end):
+        for tile in range(t_begin, t_whole):
             m, l_acc, acc0, acc1, zacc0, zacc1, page, off, ks, kz, vs0, vz0, vs1, vz1 = _tile_step(
                 m, l_acc, acc0, acc1, zacc0, zacc1, page, off, ks, kz, vs0, vz0, vs1, vz1,
                 q32, tile, t_end, b, h, code_len, kw_ptr, stride_kw_p, stride_kw_h,
                 stride_kw_t, ks_ptr, kz_ptr, stride_ks_p, stride_ks_h, stride_ks_g, vw_ptr, stride_vw_p,
                 stride_vw_h, stride_vw_t, vs_ptr, vz_ptr, stride_vs_p, stride_vs_h, stride_vs_t, bt_ptr,
-                stride_bt_b, page_size, QROWS, HALF, D, G, BITS, BLOCK_T, WARPS, INTERPRET)
+                stride_bt_b, page_size, QROWS, HALF, D, G, BITS, BLOCK_T, WARPS, INTERPRET, False)
+    if t_whole < t_end:  # the last code tile, partly past code_len: masked
+        m, l_acc, acc0, acc1, zacc0, zacc1, page, off, ks, kz, vs0, vz0, vs1, vz1 = _tile_step(
+            m, l_acc, acc0, acc1, zacc0, zacc1, page, off, ks, kz, vs0, vz0, vs1, vz1,
+            q32, t_whole, t_end, b, h, code_len, kw_ptr, stride_kw_p, stride_kw_h,
+            stride_kw_t, ks_ptr, kz_ptr, stride_ks_p, stride_ks_h, stride_ks_g, vw_ptr, stride_vw_p,
+            stride_vw_h, stride_vw_t, vs_ptr, vz_ptr, stride_vs_p, stride_vs_h, stride_vs_t, bt_ptr,
+            stride_bt_b, page_size, QROWS, HALF, D, G, BITS, BLOCK_T, WARPS, INTERPRET, True)
     l = tl.sum(l_acc, 1)
     inv = 1.0 / tl.where(l > 0.0, l, 1.0)
     heads = tl.arange(0, HALF)

@@ -24,7 +24,10 @@ shuffles, no shared-memory round trip between the load and the dot. Two ideas:
   K*N/(32*warps) values whose remaining bits vary; these are its groups of 32. In the
   kernel this is a reshape of the unpacked [T, groups * 32] tensor to
   [8*warps, 4, N/(8*warps), K/16, 4], a permutation (2, 0, 3, 1, 4) and a reshape to
-  [N, K] (:func:`unpack_tile`, the kernel's twin in torch).
+  [N, K] (:func:`unpack_tile`, the kernel's twin in torch). A V tile's reduction axis holds
+  its tokens in :func:`kernel_token_order` (a permutation inside each 16), the order in which
+  the kernel's softmax weights, as its logits product leaves them in registers, already form
+  the A operand of the V product.
 
 Words of one tile are stored ``[group, plane, thread]`` (thread fastest), so each
 load instruction of a warp reads 128 contiguous bytes. :func:`decode_bit_table` and
@@ -162,6 +165,23 @@ def _place(x: torch.Tensor, n: int, k: int, warps: int) -> torch.Tensor:
     return y.reshape(*lead, n, k)
 
 
+def kernel_token_order(tile: int) -> torch.Tensor:
+    """Which token of a V tile the kernel's V product reads at reduction index k: within each 16,
+    k = 4c + 2h + p holds token 8h + 2c + p. That is the order in which the logits' accumulator
+    fragment (thread c of a row holds tokens 2c, 2c + 1 of each 8) is already the A-operand
+    fragment of the V product (thread c holds k = 4c .. 4c + 3 of each 16), so the softmax
+    weights enter it with no shuffles; the V tile's codes are stored in the same order."""
+    k = torch.arange(tile)
+    return (k & ~15) | (((k >> 1) & 1) << 3) | (((k >> 2) & 3) << 1) | (k & 1)
+
+
+def _tile_elements(role: str, n: int, k: int) -> torch.Tensor:
+    """[N, K]: the element (row-major index into the [N, K] tile) the kernel holds at each
+    position: the identity for K tiles, kernel_token_order along the tokens of V tiles."""
+    elements = torch.arange(n * k).reshape(n, k)
+    return elements if role == "k" else elements[:, kernel_token_order(k)]
+
+
 def unpack_tile(words: torch.Tensor, bits: int, role: str, d: int, tile: int = DEFAULT_TILE,
                 warps: int = DEFAULT_WARPS) -> torch.Tensor:
     """Decode-arranged words int32 [..., W] of tiles -> codes uint8 [..., N, K] (the kernel's twin)."""
@@ -171,7 +191,10 @@ def unpack_tile(words: torch.Tensor, bits: int, role: str, d: int, tile: int = D
     w = words.to(torch.int64).reshape(*words.shape[:-1], nrg, bits, threads) & 0xFFFFFFFF
     planes = [_join_groups(w[..., :, p, :]) for p in range(bits)]  # each [..., T, NRG]
     vals = unpack_group(planes, bits)  # [..., T, NRG, 32]
-    return _place(vals.flatten(-2), n, k, warps).to(torch.uint8)
+    held = _place(vals.flatten(-2), n, k, warps)  # [..., N, K] as the kernel holds it
+    tiles = torch.empty_like(held)
+    tiles.flatten(-2)[..., _tile_elements(role, n, k).flatten()] = held.flatten(-2)
+    return tiles.to(torch.uint8)
 
 
 @functools.cache
@@ -204,7 +227,7 @@ def _pack_plan(bits: int, role: str, d: int, tile: int, warps: int, device: torc
     # flat (thread, joined group position, value) index of every tile element
     where = _place(torch.arange(threads * nrg * 32).reshape(threads, nrg * 32), n, k, warps).flatten()
     order = torch.empty_like(where)
-    order[where] = torch.arange(n * k)  # order[(t, f, v)] = tile element
+    order[where] = _tile_elements(role, n, k).flatten()  # order[(t, f, v)] = tile element
     groups = _join_groups(torch.arange(nrg).reshape(nrg, 1).expand(nrg, threads))[0]  # f -> memory group
     per_f = order.reshape(threads, nrg, 32)
     per_g = torch.empty_like(per_f)

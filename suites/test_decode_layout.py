@@ -91,6 +91,32 @@ def test_threads_hold_their_mma_fragments(record, d, tile, warps):
     _record(record, states_checked=2 * d * tile, bit_errors=0)
 
 
+@pytest.mark.parametrize("tile", paged.TILES)
+def test_v_token_order_is_the_accumulator_fragment(record, tile):
+    """At the V product's reduction index k the kernel reads token kernel_token_order(tile)[k]: a
+    permutation inside each 16 tokens under which lane c's A-operand indices k = 4c .. 4c + 3 (of
+    each 16) hold exactly the tokens its logits accumulator holds (2c, 2c + 1 of each 8), with
+    each register's two halves (k, k + 1) two consecutive tokens of one accumulator register."""
+    order = paged.kernel_token_order(tile)
+    errors = int((order.sort().values != torch.arange(tile)).sum())
+    errors += int(((order >> 4) != (torch.arange(tile) >> 4)).sum())
+    for block, c in itertools.product(range(tile // 16), range(4)):
+        k = 16 * block + 4 * c + torch.arange(4)
+        held = {16 * block + 8 * j + 2 * c + p for j in range(2) for p in range(2)}
+        errors += len(set(order[k].tolist()) ^ held)
+        errors += int((order[k[1::2]] != order[k[0::2]] + 1).sum())
+    # the stored V tile follows the order: the kernel-held tile (before unpack_tile reorders it)
+    # has token order[k] at column k
+    codes = torch.randint(0, 8, (2, 128, tile), dtype=torch.uint8)
+    words = paged.pack_tile(codes, 3, "v", 128, tile, 1)
+    held_tile = paged.unpack_tile(words, 3, "v", 128, tile, 1)
+    errors += int((held_tile != codes).sum())
+    n, k = paged.tile_shape("v", 128, tile)
+    elements = paged._tile_elements("v", n, k)
+    errors += int((elements != torch.arange(n * k).reshape(n, k)[:, order]).sum())
+    _record(record, states_checked=tile, bit_errors=errors)
+    assert errors == 0
+
 def test_paged_round_trip(record):
     """Contiguous -> shuffled pages in a larger pool -> contiguous gives back every tensor."""
     lens = [300, 77, 5]
