@@ -156,3 +156,36 @@ def test_machine_code_figures_compare_per_triton_release_in_any_environment(tmp_
     (better,) = comparison.improvements
     assert (better.kind, better.run_label, better.metric) == (
         "static shrank", "interpreter-triton3.4.0", "instructions_per_element")
+
+
+def test_reference_measurements_move_without_regressing(tmp_path):
+    """A baseline timed beside the kernels (metrics ``reference: true``, e.g. torch.compile) that got
+    slower, or whose errors grew, is listed as a reference that moved; the kernels' own slowdowns
+    still regress, and a reference that now fails is still a new failure."""
+    base = make_baseline(load_results([_run(tmp_path, "a", [
+        _bench("compiled", 1.0, reference=True, bit_errors=665), _bench("kernel", 1.0),
+        _bench("compiled_breaks", 1.0, reference=True)])]))
+    now = load_results([_run(tmp_path, "b", [
+        _bench("compiled", 1.6, reference=True, bit_errors=2000), _bench("kernel", 1.5),
+        _bench("compiled_breaks", 1.0, "failed", reference=True)])])
+    comparison = compare(now, base, threshold_pct=10)
+    assert sorted((f.kind, f.case) for f in comparison.regressions) == [
+        ("new failure", "compiled_breaks"), ("slower", "kernel")]
+    assert [(f.kind, f.case, f.metric) for f in comparison.references] == [
+        ("error grew", "compiled", "bit_errors"), ("slower", "compiled", "ms")]
+    assert comparison.improvements == []
+
+
+def test_reference_moves_are_shown_apart_in_every_summary(tmp_path):
+    from harness.report import markdown_summary, render_html, summarize, text_summary
+
+    base = make_baseline(load_results([_run(tmp_path, "a", [_bench("compiled", 1.0, reference=True)])]))
+    now = load_results([_run(tmp_path, "b", [_bench("compiled", 2.0, reference=True)])])
+    summary = summarize(now, compare(now, base, source="b.json"))
+    assert summary.n_regressions == 0
+    text = text_summary(summary)
+    assert "regressions vs b.json (threshold 10%): none" in text
+    assert "reference measurements moved (not regressions of these kernels): 1" in text
+    assert "not counted as regressions: 1" in markdown_summary(summary)
+    html = render_html(summary)
+    assert "1 reference measurements moved" in html and "compiled" in html

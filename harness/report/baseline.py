@@ -20,6 +20,11 @@ Format (``reports/baselines/<name>.json``)::
       }
     }
 
+A record whose metrics say ``"reference": true`` is a reference measurement, a baseline a
+benchmark times beside the kernels (torch.compile, the seed's CPU baseline): its timing and error
+changes are listed as references moved, not as regressions of the kernels (a new failure still
+is one).
+
 The key leaves the leg out, so one baseline serves every version leg. When the
 result set mixes environments, each case keeps the figures of its preferred one
 (GPU runs over interpreter runs, then the one with most records). Timings and
@@ -191,6 +196,7 @@ class Comparison:
     new_cases: list[str] = field(default_factory=list)
     missing_cases: list[str] = field(default_factory=list)
     not_comparable: list[str] = field(default_factory=list)  # run labels: other mode or GPU
+    references: list[Finding] = field(default_factory=list)  # timings / errors of reference measurements
     compared: int = 0
 
     def kinds(self) -> Counter:
@@ -300,12 +306,22 @@ def compare(
             if record.outcome != "passed" or entry.get("env") != run.environment_key:
                 continue
             timing = _timing_finding(key, run, record, entry, threshold_pct)
+            errors = _error_findings(key, run, record, entry, error_factor)
+            if is_reference(record):
+                comparison.references.extend([timing, *errors] if timing is not None else errors)
+                continue
             if timing is not None:
                 (comparison.regressions if timing.kind == "slower" else comparison.improvements).append(timing)
-            comparison.regressions.extend(_error_findings(key, run, record, entry, error_factor))
+            comparison.regressions.extend(errors)
     comparison.new_cases = sorted(new)
     comparison.missing_cases = sorted(set(cases) - seen)
     order = {"new failure": 0, "slower": 1, "static grew": 2, "error grew": 3}
     comparison.regressions.sort(key=lambda f: (order[f.kind], -(f.change_pct or math.inf)))
     comparison.improvements.sort(key=lambda f: f.change_pct or 0.0)
+    comparison.references.sort(key=lambda f: -abs(f.change_pct or 0.0))
     return comparison
+
+
+def is_reference(record: Record) -> bool:
+    """A baseline timed beside the kernels (the record's metrics say ``"reference": true``)."""
+    return record.metrics.get("reference") is True

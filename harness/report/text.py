@@ -73,6 +73,9 @@ def text_summary(summary: Summary, *, report_path=None, junit_path=None, markdow
             out.append(clean_text("    " + _finding_text(finding), width))
         if len(comparison.regressions) > SHOWN:
             out.append(f"    ... and {len(comparison.regressions) - SHOWN} more in the report")
+        if comparison.references:
+            out.append(f"    reference measurements moved (not regressions of these kernels): "
+                       f"{len(comparison.references)}, e.g. " + clean_text(_finding_text(comparison.references[0]), width))
         if comparison.not_comparable:
             out.append(clean_text("    timings not compared (other mode or GPU than the baseline): "
                                   + ", ".join(comparison.not_comparable), width))
@@ -138,6 +141,9 @@ def markdown_summary(summary: Summary, *, report_name: str | None = None) -> str
                     f"(threshold {comparison.threshold_pct:g}%): {kinds}"]
         for finding in comparison.regressions[:SHOWN]:
             out.append(f"- {md_escape(_finding_text(finding), 300)}")
+        if comparison.references:
+            out += ["", f"Reference measurements (torch.compile, the seed's CPU baseline) that moved, not "
+                        f"counted as regressions: {len(comparison.references)}"]
     checked = summary.stats.checked
     if checked:
         out += ["", f"{fmt_count(checked)} states/elements checked, worst abs error "
