@@ -300,9 +300,10 @@ def _tile_params(
     vs_ptr, vz_ptr, stride_vs_p, stride_vs_h, stride_vs_t, bt_ptr, stride_bt_b, page_size,
     D: tl.constexpr, G: tl.constexpr, BLOCK_T: tl.constexpr,
 ):
-    """Page, offset and the scales and zeros of one tile: K [D] per channel, V [T] per token for
-    channel groups 0 and 1 (masked tokens read as 0). Loaded one tile ahead of their use: they
-    are too narrow for the asynchronous copies that pipeline the code words."""
+    """Page, offset and the scales and zeros of one tile, widened to fp32 as they are loaded (in
+    the load's layout, before they move to the products' layouts): K [D] per channel, V [T] per
+    token for channel groups 0 and 1 (masked tokens read as 0). Loaded one tile ahead of their
+    use: they are too narrow for the asynchronous copies that pipeline the code words."""
     NGV: tl.constexpr = D // G
     d = tl.arange(0, D)
     tt = tl.arange(0, BLOCK_T)
