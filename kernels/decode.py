@@ -21,9 +21,10 @@ Triton path, two kernels:
    codes: K scales are folded into q per tile (on the one query row when Hq = Hkv) and
    V scales into p per channel group; zero points become a rank-1 correction (one bias
    per head for K, a per-token sum for V). The rounding of q*s and p*s to fp16 is split
-   into hi and lo rows of M, so the products carry about 22 bits. The softmax weights
-   enter the V product in the registers the logits product left them in (V tiles store
-   their tokens in that order, :func:`kernels.paged.kernel_token_order`). Only the
+   into hi and lo rows of M, so the products carry about 22 bits. With one warp per tile
+   the softmax weights enter the V product in the registers the logits product left them
+   in (V tiles store their tokens in that order, :func:`kernels.paged.kernel_token_order`;
+   with more warps the tokens are spread over warps and still change hands). Only the
    sequence's last code tile, which may end past the attended length, is masked (the loop
    over whole tiles has no token mask). The last program attends the fp residual window.
    Each writes a normalized partial output and its log-sum-exp (base 2).
@@ -274,8 +275,9 @@ def _rows2(x, HALF: tl.constexpr):
 @triton.jit
 def _fragment_tokens(x, ROWS: tl.constexpr, T: tl.constexpr):
     """[ROWS, T] -> [ROWS, T] with token 16 i + 8 h + 2 c + p moved to 16 i + 4 c + 2 h + p: the
-    order of kernels.paged's V tiles (kernel_token_order), in which the logits' accumulator
-    fragment is already the dot's A-operand fragment (no shuffles between the two products)."""
+    order of kernels.paged's V tiles (kernel_token_order), in which, with one warp, the logits'
+    accumulator fragment is already the dot's A-operand fragment (no shuffles between the two
+    products)."""
     return tl.reshape(tl.permute(tl.reshape(x, [ROWS, T // 16, 2, 4, 2]), (0, 1, 3, 2, 4)), [ROWS, T])
 
 

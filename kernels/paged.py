@@ -169,8 +169,9 @@ def kernel_token_order(tile: int) -> torch.Tensor:
     """Which token of a V tile the kernel's V product reads at reduction index k: within each 16,
     k = 4c + 2h + p holds token 8h + 2c + p. That is the order in which the logits' accumulator
     fragment (thread c of a row holds tokens 2c, 2c + 1 of each 8) is already the A-operand
-    fragment of the V product (thread c holds k = 4c .. 4c + 3 of each 16), so the softmax
-    weights enter it with no shuffles; the V tile's codes are stored in the same order."""
+    fragment of the V product (thread c holds k = 4c .. 4c + 3 of each 16), so with one warp per
+    tile the softmax weights enter it with no shuffles; the V tile's codes are stored in the
+    same order."""
     k = torch.arange(tile)
     return (k & ~15) | (((k >> 1) & 1) << 3) | (((k >> 2) & 3) << 1) | (k & 1)
 
@@ -184,7 +185,8 @@ def _tile_elements(role: str, n: int, k: int) -> torch.Tensor:
 
 def unpack_tile(words: torch.Tensor, bits: int, role: str, d: int, tile: int = DEFAULT_TILE,
                 warps: int = DEFAULT_WARPS) -> torch.Tensor:
-    """Decode-arranged words int32 [..., W] of tiles -> codes uint8 [..., N, K] (the kernel's twin)."""
+    """Decode-arranged words int32 [..., W] of tiles -> codes uint8 [..., N, K] (the kernel's twin),
+    tokens in their natural order (a V tile's kernel_token_order undone)."""
     n, k = tile_shape(role, d, tile)
     threads = 32 * warps
     nrg = groups_per_thread(n, k, warps)

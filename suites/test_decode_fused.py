@@ -74,6 +74,20 @@ def test_partial_last_group(record, device):
     run_checked(record, q, cache, seq_lens=lens, original=(k, v))
 
 
+@pytest.mark.parametrize("num_splits", [1, 3, 64])
+@pytest.mark.parametrize("tile, warps", [(64, 1), (32, 2), (16, 1), (64, 4)])
+def test_partial_last_tile_layouts_and_splits(record, device, tile, warps, num_splits):
+    """The masked last code tile (lengths 100, 150, 129 end inside a tile of 16, 32 or 64 tokens)
+    under every tile size and warp count, with one split, a few, and one tile per split (where a
+    split starts on the partial tile itself)."""
+    k, v = random_kv(3, 2, 200, 64, device=device, seed=52)
+    q = random_q(3, 2, 64, device=device, seed=53)
+    cache = varlen_cache(k, v, [192, 192, 200])
+    lens = torch.tensor([100, 150, 129], dtype=torch.int32, device=device)
+    run_checked(record, q, decode_view(cache, tile=tile, warps=warps), seq_lens=lens,
+                num_splits=num_splits, original=(k, v))
+
+
 def test_residual_only(record, device):
     """S < G: nothing quantized, the residual window alone."""
     k, v = random_kv(2, 2, 40, 64, device=device, seed=60)

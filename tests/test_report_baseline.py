@@ -164,16 +164,29 @@ def test_reference_measurements_move_without_regressing(tmp_path):
     still regress, and a reference that now fails is still a new failure."""
     base = make_baseline(load_results([_run(tmp_path, "a", [
         _bench("compiled", 1.0, reference=True, bit_errors=665), _bench("kernel", 1.0),
-        _bench("compiled_breaks", 1.0, reference=True)])]))
+        _bench("compiled_breaks", 1.0, reference=True), _bench("cpu_loop", 1.0, reference=True,
+                                                                max_abs_err=0.0)])]))
     now = load_results([_run(tmp_path, "b", [
         _bench("compiled", 1.6, reference=True, bit_errors=2000), _bench("kernel", 1.5),
-        _bench("compiled_breaks", 1.0, "failed", reference=True)])])
+        _bench("compiled_breaks", 1.0, "failed", reference=True),
+        _bench("cpu_loop", 0.5, reference=True, max_abs_err=1e-3)])])
     comparison = compare(now, base, threshold_pct=10)
     assert sorted((f.kind, f.case) for f in comparison.regressions) == [
         ("new failure", "compiled_breaks"), ("slower", "kernel")]
+    assert comparison.improvements == []  # the faster reference is a reference, not an improvement
+    # exact-before errors (no percentage) first, then by the size of the change
     assert [(f.kind, f.case, f.metric) for f in comparison.references] == [
-        ("error grew", "compiled", "bit_errors"), ("slower", "compiled", "ms")]
-    assert comparison.improvements == []
+        ("error grew", "cpu_loop", "max_abs_err"), ("error grew", "compiled", "bit_errors"),
+        ("slower", "compiled", "ms"), ("faster", "cpu_loop", "ms")]
+
+
+def test_reference_in_another_environment_is_not_compared(tmp_path):
+    base = make_baseline(load_results([_run(tmp_path, "a", [_bench("compiled", 1.0, reference=True)])]))
+    now = load_results([_run(tmp_path, "b", [_bench("compiled", 9.0, reference=True)], mode="interpreter",
+                             leg="cpu")])
+    comparison = compare(now, base)
+    assert comparison.references == [] and comparison.regressions == []
+    assert comparison.not_comparable
 
 
 def test_reference_moves_are_shown_apart_in_every_summary(tmp_path):
@@ -188,4 +201,6 @@ def test_reference_moves_are_shown_apart_in_every_summary(tmp_path):
     assert "reference measurements moved (not regressions of these kernels): 1" in text
     assert "not counted as regressions: 1" in markdown_summary(summary)
     html = render_html(summary)
-    assert "1 reference measurements moved" in html and "compiled" in html
+    section = html[html.index("1 reference measurements moved"):]
+    section = section[:section.index("</details>")]
+    assert "<td class=\"t\">compiled</td>" in section and "<td class=\"t\">slower</td>" in section

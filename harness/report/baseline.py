@@ -318,7 +318,7 @@ def compare(
     order = {"new failure": 0, "slower": 1, "static grew": 2, "error grew": 3}
     comparison.regressions.sort(key=lambda f: (order[f.kind], -(f.change_pct or math.inf)))
     comparison.improvements.sort(key=lambda f: f.change_pct or 0.0)
-    comparison.references.sort(key=lambda f: -abs(f.change_pct or 0.0))
+    comparison.references.sort(key=lambda f: (f.change_pct is not None, -abs(f.change_pct or 0.0)))
     return comparison
 
 

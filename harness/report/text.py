@@ -74,8 +74,9 @@ def text_summary(summary: Summary, *, report_path=None, junit_path=None, markdow
         if len(comparison.regressions) > SHOWN:
             out.append(f"    ... and {len(comparison.regressions) - SHOWN} more in the report")
         if comparison.references:
-            out.append(f"    reference measurements moved (not regressions of these kernels): "
-                       f"{len(comparison.references)}, e.g. " + clean_text(_finding_text(comparison.references[0]), width))
+            out.append(clean_text(f"    reference measurements moved (not regressions of these kernels): "
+                                  f"{len(comparison.references)}, e.g. {_finding_text(comparison.references[0])}",
+                                  width))
         if comparison.not_comparable:
             out.append(clean_text("    timings not compared (other mode or GPU than the baseline): "
                                   + ", ".join(comparison.not_comparable), width))
