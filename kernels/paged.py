@@ -183,17 +183,25 @@ def _tile_elements(role: str, n: int, k: int) -> torch.Tensor:
     return elements if role == "k" else elements[:, kernel_token_order(k)]
 
 
-def unpack_tile(words: torch.Tensor, bits: int, role: str, d: int, tile: int = DEFAULT_TILE,
-                warps: int = DEFAULT_WARPS) -> torch.Tensor:
-    """Decode-arranged words int32 [..., W] of tiles -> codes uint8 [..., N, K] (the kernel's twin),
-    tokens in their natural order (a V tile's kernel_token_order undone)."""
+def held_tile(words: torch.Tensor, bits: int, role: str, d: int, tile: int = DEFAULT_TILE,
+              warps: int = DEFAULT_WARPS) -> torch.Tensor:
+    """Decode-arranged words int32 [..., W] of tiles -> codes int64 [..., N, K] as the kernel holds
+    them (the kernel's twin): a V tile's tokens in kernel_token_order."""
     n, k = tile_shape(role, d, tile)
     threads = 32 * warps
     nrg = groups_per_thread(n, k, warps)
     w = words.to(torch.int64).reshape(*words.shape[:-1], nrg, bits, threads) & 0xFFFFFFFF
     planes = [_join_groups(w[..., :, p, :]) for p in range(bits)]  # each [..., T, NRG]
     vals = unpack_group(planes, bits)  # [..., T, NRG, 32]
-    held = _place(vals.flatten(-2), n, k, warps)  # [..., N, K] as the kernel holds it
+    return _place(vals.flatten(-2), n, k, warps)
+
+
+def unpack_tile(words: torch.Tensor, bits: int, role: str, d: int, tile: int = DEFAULT_TILE,
+                warps: int = DEFAULT_WARPS) -> torch.Tensor:
+    """Decode-arranged words int32 [..., W] of tiles -> codes uint8 [..., N, K], tokens in their
+    natural order (held_tile with a V tile's kernel_token_order undone)."""
+    n, k = tile_shape(role, d, tile)
+    held = held_tile(words, bits, role, d, tile, warps)
     tiles = torch.empty_like(held)
     tiles.flatten(-2)[..., _tile_elements(role, n, k).flatten()] = held.flatten(-2)
     return tiles.to(torch.uint8)

@@ -105,19 +105,15 @@ def test_v_token_order_is_the_accumulator_fragment(record, tile):
         held = {16 * block + 8 * j + 2 * c + p for j in range(2) for p in range(2)}
         errors += len(set(order[k].tolist()) ^ held)
         errors += int((order[k[1::2]] != order[k[0::2]] + 1).sum())
-    # the stored V tile follows the order: placed as the kernel holds it (paged._place, before
-    # unpack_tile puts the tokens back in order), column k of the words' values is token order[k]
+    # the stored V tile follows the order: as the kernel holds it (before unpack_tile puts the
+    # tokens back in order), column k of the words' values is token order[k]
     codes = torch.randint(0, 8, (2, 128, tile), dtype=torch.uint8)
     words = paged.pack_tile(codes, 3, "v", 128, tile, 1)
-    n, k = paged.tile_shape("v", 128, tile)
-    nrg = paged.groups_per_thread(n, k, 1)
-    w = words.to(torch.int64).reshape(2, nrg, 3, 32) & 0xFFFFFFFF
-    planes = [paged._join_groups(w[:, :, p, :]) for p in range(3)]
-    held = paged._place(paged.unpack_group(planes, 3).flatten(-2), n, k, 1)
-    errors += int((held != codes[:, :, order]).sum())
+    errors += int((paged.held_tile(words, 3, "v", 128, tile, 1) != codes[:, :, order]).sum())
     errors += int((paged.unpack_tile(words, 3, "v", 128, tile, 1) != codes).sum())
     _record(record, states_checked=tile, bit_errors=errors)
     assert errors == 0
+
 
 def test_paged_round_trip(record):
     """Contiguous -> shuffled pages in a larger pool -> contiguous gives back every tensor."""

@@ -308,7 +308,7 @@ def compare(
             timing = _timing_finding(key, run, record, entry, threshold_pct)
             errors = _error_findings(key, run, record, entry, error_factor)
             if is_reference(record):
-                comparison.references.extend([timing, *errors] if timing is not None else errors)
+                comparison.references.extend(f for f in (timing, *errors) if f is not None)
                 continue
             if timing is not None:
                 (comparison.regressions if timing.kind == "slower" else comparison.improvements).append(timing)

@@ -143,7 +143,7 @@ def markdown_summary(summary: Summary, *, report_name: str | None = None) -> str
         for finding in comparison.regressions[:SHOWN]:
             out.append(f"- {md_escape(_finding_text(finding), 300)}")
         if comparison.references:
-            out += ["", f"Reference measurements (torch.compile, the seed's CPU baseline) that moved, not "
+            out += ["", f"Reference measurements (baselines such as torch.compile) that moved, not "
                         f"counted as regressions: {len(comparison.references)}"]
     checked = summary.stats.checked
     if checked:
