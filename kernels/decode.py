@@ -173,24 +173,22 @@ def _fp16_pairs(pairs, INTERPRET: tl.constexpr):
 
 
 @triton.jit
-def _load_plane(ptr, PLANE: tl.constexpr, BITS: tl.constexpr, NRG: tl.constexpr, T: tl.constexpr):
-    """One coalesced word per thread for each of the tile's NRG groups: uint32 [T, NRG] (kernels.paged)."""
-    t = tl.arange(0, T)
-    w = tl.load(ptr + PLANE * T + t).to(tl.uint32, bitcast=True)
-    w = tl.reshape(w, [T, 1])
-    if NRG >= 2:
-        w = tl.join(tl.reshape(w, [T]), tl.load(ptr + (BITS + PLANE) * T + t).to(tl.uint32, bitcast=True))
-    if NRG >= 4:
-        w2 = tl.join(tl.load(ptr + (2 * BITS + PLANE) * T + t).to(tl.uint32, bitcast=True),
-                     tl.load(ptr + (3 * BITS + PLANE) * T + t).to(tl.uint32, bitcast=True))
-        w = tl.reshape(tl.join(w, w2), [T, 4])
+def _load_run(ptr, T: tl.constexpr, R: tl.constexpr):
+    """Each thread's R consecutive words (one 4 * R byte access): uint32 [T, R]."""
+    w = tl.load(ptr + tl.arange(0, T)[:, None] * R + tl.arange(0, R)[None, :])
+    return w.to(tl.uint32, bitcast=True)
+
+
+@triton.jit
+def _load_plane(ptr, PLANE: tl.constexpr, NRG: tl.constexpr, T: tl.constexpr):
+    """Plane PLANE of the thread's NRG groups, in runs of up to 4 words per thread (kernels.paged):
+    uint32 [T, NRG]."""
+    R: tl.constexpr = NRG if NRG < 4 else 4
+    base = ptr + PLANE * NRG * T
+    w = _load_run(base, T, R)
     if NRG == 8:
-        w3 = tl.join(tl.load(ptr + (4 * BITS + PLANE) * T + t).to(tl.uint32, bitcast=True),
-                     tl.load(ptr + (5 * BITS + PLANE) * T + t).to(tl.uint32, bitcast=True))
-        w4 = tl.join(tl.load(ptr + (6 * BITS + PLANE) * T + t).to(tl.uint32, bitcast=True),
-                     tl.load(ptr + (7 * BITS + PLANE) * T + t).to(tl.uint32, bitcast=True))
-        w = tl.reshape(tl.join(w, tl.reshape(tl.join(w3, w4), [T, 4])), [T, 8])
-    return tl.reshape(w, [T, NRG])
+        w = tl.reshape(tl.permute(tl.join(w, _load_run(base + 4 * T, T, R)), (0, 2, 1)), [T, 8])
+    return w
 
 
 @triton.jit
@@ -200,14 +198,14 @@ def _load_tile(ptr, N: tl.constexpr, K: tl.constexpr, BITS: tl.constexpr, WARPS:
     the register layout of a tensor-core B operand (kernels.paged: reshape, permute, reshape)."""
     T: tl.constexpr = 32 * WARPS
     NRG: tl.constexpr = N * K // (T * 32)
-    w0 = _load_plane(ptr, 0, BITS, NRG, T)
-    w1 = _load_plane(ptr, 1, BITS, NRG, T)
+    w0 = _load_plane(ptr, 0, NRG, T)
+    w1 = _load_plane(ptr, 1, NRG, T)
     w2 = w1
     w3 = w1
     if BITS >= 3:
-        w2 = _load_plane(ptr, 2, BITS, NRG, T)
+        w2 = _load_plane(ptr, 2, NRG, T)
     if BITS == 4:
-        w3 = _load_plane(ptr, 3, BITS, NRG, T)
+        w3 = _load_plane(ptr, 3, NRG, T)
     vals = tl.reshape(_unpack_group(w0, w1, w2, w3, NRG, BITS, T, INTERPRET),
                       [8 * WARPS, 4, N // (8 * WARPS), K // 16, 4])
     return tl.reshape(tl.permute(vals, (2, 0, 3, 1, 4)), [N, K])
@@ -244,8 +242,8 @@ def _fold_k_scales(q32, ks, kz, QROWS: tl.constexpr, HALF: tl.constexpr, D: tl.c
     if QROWS == 1:
         lo = (x - hi.to(tl.float32)).to(tl.float16)
         bias = tl.sum((hi.to(tl.float32) + lo.to(tl.float32)) * kz[None, :], 1)
-        qs = tl.reshape(tl.permute(tl.join(_zero_rows(hi, 1, HALF, D), _zero_rows(lo, 1, HALF, D)), (2, 0, 1)),
-                        [2 * HALF, D])
+        row = tl.arange(0, 2 * HALF)[:, None]
+        qs = tl.where(row == 0, hi, tl.where(row == HALF, lo, 0.0).to(tl.float16))
         return qs, _zero_rows(bias[:, None], 1, HALF, 1)
     else:
         lo_row = tl.arange(0, 2 * HALF) >= HALF

@@ -29,8 +29,10 @@ shuffles, no shared-memory round trip between the load and the dot. Two ideas:
   the kernel's softmax weights, as its logits product leaves them in registers, already form
   the A operand of the V product.
 
-Words of one tile are stored ``[group, plane, thread]`` (thread fastest), so each
-load instruction of a warp reads 128 contiguous bytes. :func:`decode_bit_table` and
+Words of one tile are stored ``[plane, run, thread, word]``: a thread's groups of one plane,
+in the order its operand fragment takes them, lie in runs of :func:`run_length` (up to 4)
+consecutive words, so a warp reads each run with one 16-byte access per thread (512
+contiguous bytes). :func:`decode_bit_table` and
 :func:`unpack_tile` are the single definition; the packer is their inverse.
 
 **Paged pool.** Fixed-size pages of ``page_size`` tokens (a multiple of the tile and
@@ -111,13 +113,9 @@ def unpack_group(planes: list[torch.Tensor], bits: int) -> torch.Tensor:
     return halves.reshape(*planes[0].shape, 32)
 
 
-def _join_groups(words: torch.Tensor) -> torch.Tensor:
-    """[..., NRG, T] -> [..., T, NRG] in the kernel's join order (mirrors _load_plane)."""
-    nrg = words.shape[-2]
-    if nrg == 1:
-        return words[..., 0, :, None]
-    halves = [_join_groups(words[..., i * nrg // 2:(i + 1) * nrg // 2, :]) for i in range(2)]
-    return _join(halves[0], halves[1]).flatten(-2)
+def run_length(nrg: int) -> int:
+    """Words a thread reads in one access: its groups of one plane, up to 4 (16 bytes)."""
+    return min(nrg, 4)
 
 
 def tile_shape(role: str, d: int, tile: int) -> tuple[int, int]:
@@ -190,8 +188,10 @@ def held_tile(words: torch.Tensor, bits: int, role: str, d: int, tile: int = DEF
     n, k = tile_shape(role, d, tile)
     threads = 32 * warps
     nrg = groups_per_thread(n, k, warps)
-    w = words.to(torch.int64).reshape(*words.shape[:-1], nrg, bits, threads) & 0xFFFFFFFF
-    planes = [_join_groups(w[..., :, p, :]) for p in range(bits)]  # each [..., T, NRG]
+    r = run_length(nrg)
+    w = words.to(torch.int64).reshape(*words.shape[:-1], bits, nrg // r, threads, r) & 0xFFFFFFFF
+    w = w.transpose(-3, -2).flatten(-2)  # [..., bits, T, NRG]
+    planes = [w[..., p, :, :] for p in range(bits)]  # each [..., T, NRG]
     vals = unpack_group(planes, bits)  # [..., T, NRG, 32]
     return _place(vals.flatten(-2), n, k, warps)
 
@@ -238,27 +238,24 @@ def _pack_plan(bits: int, role: str, d: int, tile: int, warps: int, device: torc
     where = _place(torch.arange(threads * nrg * 32).reshape(threads, nrg * 32), n, k, warps).flatten()
     order = torch.empty_like(where)
     order[where] = _tile_elements(role, n, k).flatten()  # order[(t, f, v)] = tile element
-    groups = _join_groups(torch.arange(nrg).reshape(nrg, 1).expand(nrg, threads))[0]  # f -> memory group
     per_f = order.reshape(threads, nrg, 32)
-    per_g = torch.empty_like(per_f)
-    per_g[:, groups] = per_f
     table = decode_bit_table(bits)
     value = torch.tensor([v for v, _ in table])
     bit = torch.tensor([b for _, b in table])
-    src = per_g[:, :, value].reshape(threads, nrg, bits, 32).permute(1, 2, 0, 3)  # [nrg, bits, T, 32]
-    return src.reshape(-1, 32).to(device), bit.reshape(bits, 1, 32).expand(bits, threads, 32).to(device), nrg
+    r = run_length(nrg)
+    src = per_f[:, :, value].reshape(threads, nrg // r, r, bits, 32).permute(3, 1, 0, 2, 4)  # [bits, NRG/R, T, R, 32]
+    bit = bit.reshape(bits, 1, 1, 1, 32).expand(bits, nrg // r, threads, r, 32)
+    return src.reshape(-1, 32).to(device), bit.reshape(-1, 32).to(device)
 
 
 def pack_tile(codes: torch.Tensor, bits: int, role: str, d: int, tile: int = DEFAULT_TILE,
               warps: int = DEFAULT_WARPS) -> torch.Tensor:
     """Codes uint8 [..., N, K] of tiles -> decode-arranged words int32 [..., W]."""
-    src, bit, nrg = _pack_plan(bits, role, d, tile, warps, codes.device)
+    src, bit = _pack_plan(bits, role, d, tile, warps, codes.device)
     flat = codes.reshape(*codes.shape[:-2], -1).to(torch.int64)
-    picked = flat[..., src].reshape(*flat.shape[:-1], nrg, bits, 32 * warps, 32)
-    picked = (picked >> bit) & 1
+    picked = (flat[..., src] >> bit) & 1  # [..., W, 32]
     words = (picked << torch.arange(32, device=codes.device)).sum(-1)
-    words = torch.where(words >= 2**31, words - 2**32, words).to(torch.int32)
-    return words.reshape(*flat.shape[:-1], -1)
+    return torch.where(words >= 2**31, words - 2**32, words).to(torch.int32)
 
 
 def _tiles(values: torch.Tensor, role: str, tile: int) -> torch.Tensor:

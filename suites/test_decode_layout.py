@@ -91,6 +91,33 @@ def test_threads_hold_their_mma_fragments(record, d, tile, warps):
     _record(record, states_checked=2 * d * tile, bit_errors=0)
 
 
+@pytest.mark.parametrize("bits, d, tile, warps", LAYOUTS, ids=[f"b{b}-d{d}-t{t}w{w}" for b, d, t, w in LAYOUTS])
+def test_thread_words_lie_in_runs(record, bits, d, tile, warps):
+    """A thread's words of one plane are consecutive runs of run_length words: with every value
+    of thread t's fragment set to all ones and the rest zero, the tile's words are all ones
+    exactly at [plane, run, t, word] and zero elsewhere (every bit of a word is a value bit)."""
+    threads = 32 * warps
+    checked = 0
+    for role in ("k", "v"):
+        n, k = paged.tile_shape(role, d, tile)
+        per = n * k // threads
+        nrg = paged.groups_per_thread(n, k, warps)
+        run = paged.run_length(nrg)
+        assert run == min(nrg, 4)  # 16-byte accesses
+        owner = paged._place(torch.arange(threads).repeat_interleave(per).reshape(threads, per), n, k, warps)
+        if role == "v":  # the kernel holds token order[j] at column j
+            natural = torch.empty_like(owner)
+            natural[:, paged.kernel_token_order(k)] = owner
+            owner = natural
+        slot_owner = (torch.arange(bits * nrg * threads) // run) % threads  # [plane, run, thread, word]
+        for t in sorted({0, 1, 5, threads - 1}):
+            codes = torch.where(owner == t, (1 << bits) - 1, 0).to(torch.uint8)
+            words = paged.pack_tile(codes, bits, role, d, tile, warps)
+            assert torch.equal(words, torch.where(slot_owner == t, -1, 0).to(torch.int32)), (role, t)
+            checked += words.numel()
+    _record(record, states_checked=checked * 32, bit_errors=0)
+
+
 @pytest.mark.parametrize("tile", paged.TILES)
 def test_v_token_order_is_the_accumulator_fragment(record, tile):
     """At the V product's reduction index k the kernel reads token kernel_token_order(tile)[k]: a
