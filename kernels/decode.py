@@ -15,11 +15,15 @@ Triton path, two kernels:
    tensor-core products, so each K/V tile is loaded once for the whole group. Each
    thread loads exactly the words of its own MMA operand fragment (the tile
    arrangement of :mod:`kernels.paged`) and turns two codes into the fp16 pair the
-   tensor cores read with a shift and one mask: ``(w >> s) & 0x00070007`` read as two
-   fp16 numbers is the subnormals code * 2^-24, exact, and the tensor cores multiply
-   them exactly (the 2^24 is applied to the fp32 results). Scales never touch the
-   codes: K scales are folded into q per tile (on the one query row when Hq = Hkv) and
-   V scales into p per channel group; zero points become a rank-1 correction (one bias
+   tensor cores read with a mask (and a shift for fields higher up): ``w & 0x00070007``
+   read as two fp16 numbers is the subnormals code * 2^-24, ``w & 0x00380038`` the
+   subnormals code * 2^-21, exact, and the tensor cores multiply them exactly (the
+   power of two is applied to the fp32 results). For 3 bits half the codes come out in
+   each form, by bit 1 of their reduction index, and a factor 8 on the other operand
+   (q per channel, p per token) makes them all code * 2^-21 (_class_factors); with it,
+   q * sm_scale * K scale and p * V scale must stay below 8188 (65504 / 8) in magnitude,
+   as fp16 operands. Scales never touch the codes: K scales are folded into q per tile
+   (on the one query row when Hq = Hkv) and V scales into p per channel group; zero points become a rank-1 correction (one bias
    per head for K, a per-token sum for V). The rounding of q*s and p*s to fp16 is split
    into hi and lo rows of M, so the products carry about 22 bits. With one warp per tile
    the softmax weights enter the V product in the registers the logits product left them
@@ -70,7 +74,6 @@ SPLIT_PROGRAMS_PER_SM = 16  # split-KV target: programs per SM (H200, 1-warp til
 NUM_STAGES = 2  # software-pipelining depth of the code-word loads (H200: 2 beats 3 and 4)
 MAX_REGISTERS = None  # register cap per thread (None: the compiler's choice)
 LOG2E = 1.4426950408889634
-UNIT_INV = tl.constexpr(16777216.0)  # 2^24: unpacked codes enter the products as code * 2^-24
 
 
 # ----------------------------------------------------------------------------- references
@@ -132,31 +135,72 @@ def _join4(w, START: tl.constexpr, STEP: tl.constexpr, FIELD: tl.constexpr):
 
 
 @triton.jit
-def _top_bits(w0, w1, w2):
-    """The pair held by bit 15 (and 31) of the three planes: value bit i in plane i."""
-    return ((w0 >> 15) & 0x00010001) | ((w1 >> 14) & 0x00020002) | ((w2 >> 13) & 0x00040004)
+def _join8(a0, a1, a2, a3, a4, a5, a6, a7):
+    return tl.join(tl.join(tl.join(a0, a1), tl.join(a2, a3)), tl.join(tl.join(a4, a5), tl.join(a6, a7)))
+
+
+@triton.jit
+def _three_bit_pairs(w0, w1, w2):
+    """The 16 register pairs of a 3-bit group (twin: kernels.paged.three_bit_classes), joined last
+    by class: pairs of codes at bits 0-2 of their half-words (read as fp16, code * 2^-24), then
+    pairs of codes at bits 3-5 (code * 2^-21), each class taken with one AND per pair (after one
+    shift by 6 or 12 for the fields higher up): 26 bit operations for 32 values. The class is
+    bit 1 of the value's index, hence of its reduction index in the tile (_class_factors)."""
+    LOW: tl.constexpr = 0x00070007
+    HIGH: tl.constexpr = 0x00380038
+    w0s6 = w0 >> 6
+    w1s6 = w1 >> 6
+    w2s6 = w2 >> 6
+    w0s12 = w0 >> 12
+    w2s12 = w2 >> 12
+    w1s9 = w1 >> 9
+    top = (w0s12 & 0x00080008) | ((w1 >> 11) & 0x00100010) | ((w2 >> 10) & 0x00200020)
+    return tl.join(_join8(w0 & LOW, w1 & LOW, w2 & LOW, w0s6 & LOW, w1s6 & LOW, w2s6 & LOW, w0s12 & LOW, w2s12 & LOW),
+                   _join8(w0 & HIGH, w1 & HIGH, w2 & HIGH, w0s6 & HIGH, w1s6 & HIGH, w2s6 & HIGH, w1s9 & HIGH, top))
 
 
 @triton.jit
 def _unpack_group(w0, w1, w2, w3, NRG: tl.constexpr, BITS: tl.constexpr, T: tl.constexpr,
                   INTERPRET: tl.constexpr):
-    """Planes uint32 [T, NRG] -> fp16 [T, NRG * 32] holding code * 2^-24: the fp16 subnormal
-    whose bit pattern is the code, two per 32-bit register as the tensor cores take them.
+    """Planes uint32 [T, NRG] -> fp16 [T, NRG * 32] holding code * 2^-24 (3 bits: code * 2^-24 or
+    code * 2^-21 by class, _three_bit_pairs): fp16 subnormals whose bit patterns are the
+    masked fields, two per 32-bit register as the tensor cores take them.
     Twin of kernels.paged.unpack_group; every step stays in registers."""
     if BITS == 2:
         F: tl.constexpr = 0x00030003
         pairs = tl.join(tl.join(_join4(w0, 0, 2, F), _join4(w0, 8, 2, F)),
                         tl.join(_join4(w1, 0, 2, F), _join4(w1, 8, 2, F)))
+    elif BITS == 3:
+        pairs = _three_bit_pairs(w0, w1, w2)
     else:
-        F2: tl.constexpr = ((1 << BITS) - 1) * 65537
-        if BITS == 3:
-            last = tl.join(tl.join(_field(w0, 12, F2), _field(w1, 12, F2)),
-                           tl.join(_field(w2, 12, F2), _top_bits(w0, w1, w2)))
-        else:
-            last = _join4(w3, 0, 4, F2)
-        pairs = tl.join(tl.join(_join4(w0, 0, BITS, F2), _join4(w1, 0, BITS, F2)),
-                        tl.join(_join4(w2, 0, BITS, F2), last))
+        F4: tl.constexpr = 0x000F000F
+        pairs = tl.join(tl.join(_join4(w0, 0, 4, F4), _join4(w1, 0, 4, F4)),
+                        tl.join(_join4(w2, 0, 4, F4), _join4(w3, 0, 4, F4)))
     return tl.reshape(_fp16_pairs(pairs, INTERPRET), [T, NRG * 32])
+
+
+@triton.jit
+def _class_factors(k, BITS: tl.constexpr):
+    """(factor, 1 / factor) fp32 for reduction indices k of a tile, so that factor * (the code as the
+    kernel holds it) is code * 2^-21 for every code: 8 where 3-bit codes are held as code * 2^-24
+    (k bit 1 clear), 1 where they are held as code * 2^-21, and 1 throughout for 2 and 4 bits
+    (whose codes are all code * 2^-24; _code_unit)."""
+    if BITS == 3:
+        low = (k & 2) == 0
+        return tl.where(low, 8.0, 1.0), tl.where(low, 0.125, 1.0)
+    else:
+        one = (k * 0 + 1).to(tl.float32)
+        return one, one
+
+
+@triton.jit
+def _code_unit(BITS: tl.constexpr):
+    """What scales the products of factor-folded operands and held codes back: 2^21 for 3 bits
+    (_class_factors), 2^24 otherwise."""
+    if BITS == 3:
+        return 2097152.0
+    else:
+        return 16777216.0
 
 
 @triton.jit
@@ -194,7 +238,8 @@ def _load_plane(ptr, PLANE: tl.constexpr, NRG: tl.constexpr, T: tl.constexpr):
 @triton.jit
 def _load_tile(ptr, N: tl.constexpr, K: tl.constexpr, BITS: tl.constexpr, WARPS: tl.constexpr,
                INTERPRET: tl.constexpr):
-    """Decode-arranged words of one tile -> fp16 [N, K] holding code * 2^-24 (exact), already in
+    """Decode-arranged words of one tile -> fp16 [N, K] holding the codes as exact subnormals
+    (_unpack_group; code * 2^-21 after _class_factors along K), already in
     the register layout of a tensor-core B operand (kernels.paged: reshape, permute, reshape)."""
     T: tl.constexpr = 32 * WARPS
     NRG: tl.constexpr = N * K // (T * 32)
@@ -283,9 +328,10 @@ def _fragment_tokens(x, ROWS: tl.constexpr, T: tl.constexpr):
 def _v_group(acc, zacc, p, alpha, v, s, z, HALF: tl.constexpr, BLOCK_T: tl.constexpr):
     """V product of one channel group with its per-token scale s [T] folded into p.
 
-    acc [2 HALF, G] += [hi; lo](p * s) @ (code * 2^-24); zacc [HALF, T] += (p * s) * z, kept
-    per token and reduced once per split (2^24 acc - sum(zacc) is the dequantized product). s and
-    z are fp32 [T]; v [G, T] holds its tokens in kernels.paged's V tile order (_fragment_tokens).
+    acc [2 HALF, G] += [hi; lo](p * s) @ (held code); zacc [HALF, T] += (p * s) * z, kept
+    per token and reduced once per split (_code_unit * acc - sum(zacc) is the dequantized
+    product). s and z are fp32 [T], s with the class factors folded in and z divided by them;
+    v [G, T] holds its tokens in kernels.paged's V tile order (_fragment_tokens).
     """
     ps32 = p * s[None, :]
     ps = _fragment_tokens(_hi_lo(ps32, HALF, BLOCK_T), 2 * HALF, BLOCK_T)
@@ -342,18 +388,20 @@ def _code_tile(
 
     K: the tile's per-channel scales are folded into q (q * s, split into fp16 hi and lo rows
     of the M dimension) and its zero points become one bias per row, so the codes enter the
-    tensor cores as they are unpacked, code * 2^-24 (exact fp16 subnormals, which the tensor
-    cores multiply exactly; the fp32 results are scaled back by 2^24):
-    logits = 2^24 (q*s) @ (code * 2^-24) - (q*s) . zero, hi and lo rows summed. Small operands
+    tensor cores as they are unpacked, code * 2^-24 or code * 2^-21 (exact fp16 subnormals,
+    which the tensor cores multiply exactly; q carries the factor 8 where the code is held as
+    code * 2^-24, and the fp32 results are scaled back by 2^21 (_code_unit)):
+    logits = 2^21 (q*s*f) @ (held code) - (q*s) . zero, hi and lo rows summed. Small operands
     (codes, not 1024 + code as the fp16 magic number would give) keep the tensor-core
     accumulation exact enough over 100K tokens.
     V: per-token scales folded into p, one product per channel group (_v_group).
     """
     NGV: tl.constexpr = D // G
-    qs, bias = _fold_k_scales(q32, ks, kz, QROWS, HALF, D)
+    kinv = _class_factors(tl.arange(0, D), BITS)[1]  # q32 carries the factors (_code_partial)
+    qs, bias = _fold_k_scales(q32, ks, kz * kinv, QROWS, HALF, D)
     kptr = kw_ptr + page * stride_kw_p + h * stride_kw_h + (off // BLOCK_T) * stride_kw_t
-    k_codes = _load_tile(kptr, BLOCK_T, D, BITS, WARPS, INTERPRET)  # [BLOCK_T, D], code * 2^-24
-    qk = tl.sum(tl.reshape(tl.dot(qs, tl.trans(k_codes)), [2, HALF, BLOCK_T]), 0) * UNIT_INV - bias
+    k_codes = _load_tile(kptr, BLOCK_T, D, BITS, WARPS, INTERPRET)  # [BLOCK_T, D], held codes
+    qk = tl.sum(tl.reshape(tl.dot(qs, tl.trans(k_codes)), [2, HALF, BLOCK_T]), 0) * _code_unit(BITS) - bias
     if MASKED:
         valid = tile * BLOCK_T + tl.arange(0, BLOCK_T) < code_len
         qk = tl.where(valid[None, :], qk, float("-inf"))  # [HALF, BLOCK_T], log2 domain
@@ -363,13 +411,15 @@ def _code_tile(
     l_acc = l_acc * alpha[:, None] + p
 
     vptr = vw_ptr + page * stride_vw_p + h * stride_vw_h + (off // BLOCK_T) * stride_vw_t
-    v_codes = _load_tile(vptr, D, BLOCK_T, BITS, WARPS, INTERPRET)  # [D, BLOCK_T], code * 2^-24
+    v_codes = _load_tile(vptr, D, BLOCK_T, BITS, WARPS, INTERPRET)  # [D, BLOCK_T], held codes
+    # the class of V token t: bit 1 of the kernel's reduction index, bit 3 of t (kernel_token_order)
+    vf, vinv = _class_factors(tl.arange(0, BLOCK_T) >> 2, BITS)
     if NGV == 1:
-        acc0, zacc0 = _v_group(acc0, zacc0, p, alpha, v_codes, vs0, vz0, HALF, BLOCK_T)
+        acc0, zacc0 = _v_group(acc0, zacc0, p, alpha, v_codes, vs0 * vf, vz0 * vinv, HALF, BLOCK_T)
     else:
         v0, v1 = tl.split(tl.permute(tl.reshape(v_codes, [2, G, BLOCK_T]), (1, 2, 0)))
-        acc0, zacc0 = _v_group(acc0, zacc0, p, alpha, v0, vs0, vz0, HALF, BLOCK_T)
-        acc1, zacc1 = _v_group(acc1, zacc1, p, alpha, v1, vs1, vz1, HALF, BLOCK_T)
+        acc0, zacc0 = _v_group(acc0, zacc0, p, alpha, v0, vs0 * vf, vz0 * vinv, HALF, BLOCK_T)
+        acc1, zacc1 = _v_group(acc1, zacc1, p, alpha, v1, vs1 * vf, vz1 * vinv, HALF, BLOCK_T)
     return m_new, l_acc, acc0, acc1, zacc0, zacc1
 
 
@@ -430,7 +480,7 @@ def _code_partial(
     rows = tl.arange(0, QROWS) % HALF  # QROWS: 1 (one query head) or M (each head twice, _fold_k_scales)
     q = tl.load(q_ptr + b * stride_qb + (h * GROUP + rows)[:, None] * stride_qh + d[None, :],
                 mask=(rows < GROUP)[:, None], other=0.0)
-    q32 = q.to(tl.float32) * qk_scale
+    q32 = q.to(tl.float32) * qk_scale * _class_factors(d, BITS)[0][None, :]
     m = tl.full([HALF], float("-inf"), tl.float32)
     l_acc = tl.zeros([HALF, BLOCK_T], tl.float32)
     acc0 = tl.zeros([M, G], tl.float32)
@@ -473,11 +523,11 @@ def _code_partial(
     l = tl.sum(l_acc, 1)
     inv = 1.0 / tl.where(l > 0.0, l, 1.0)
     heads = tl.arange(0, HALF)
-    out0 = tl.sum(tl.reshape(acc0, [2, HALF, G]), 0) * UNIT_INV - tl.sum(zacc0, 1)[:, None]
+    out0 = tl.sum(tl.reshape(acc0, [2, HALF, G]), 0) * _code_unit(BITS) - tl.sum(zacc0, 1)[:, None]
     _store_partial(mid_o_ptr, b, h * GROUP + heads, split, stride_mo_b, stride_mo_h, stride_mo_s,
                    out0 * inv[:, None], 0, heads < GROUP, G)
     if NGV == 2:
-        out1 = tl.sum(tl.reshape(acc1, [2, HALF, G]), 0) * UNIT_INV - tl.sum(zacc1, 1)[:, None]
+        out1 = tl.sum(tl.reshape(acc1, [2, HALF, G]), 0) * _code_unit(BITS) - tl.sum(zacc1, 1)[:, None]
         _store_partial(mid_o_ptr, b, h * GROUP + heads, split, stride_mo_b, stride_mo_h, stride_mo_s,
                        out1 * inv[:, None], G, heads < GROUP, G)
     _store_lse(mid_lse_ptr, b, h * GROUP + heads, split, stride_ml_b, stride_ml_h, m, l, heads < GROUP)

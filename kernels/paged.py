@@ -15,7 +15,10 @@ shuffles, no shared-memory round trip between the load and the dot. Two ideas:
   bits 2 and 4, plane k holds 16/b pairs at bits [b*j, b*j + b) and [16 + b*j, ...);
   for bits 3, planes 0..2 hold 5 pairs each at bits [3j, 3j+3) and [16+3j, ...), and
   the last pair is spread over bits 15 and 31 of the three planes (value bit i in
-  plane i).
+  plane i). The kernel takes 3-bit pairs in two classes, those at bits 0-2 of a
+  half-word after at most one shift (``w & 0x00070007``) and those at bits 3-5
+  (``w & 0x00380038``, code * 8), 26 bit operations per 32 values
+  (:func:`three_bit_classes`); the class is bit 1 of the value index in the group.
 * fragments: a tile is a matrix [N, K] (K: the reduction axis of its product; K
   tiles are [t tokens, D], V tiles [D, t tokens]). In the B-operand layout of an
   m16n8k16 MMA with the warps along N, thread
@@ -90,25 +93,40 @@ def _join4(w: torch.Tensor, start: int, step: int, field: int) -> torch.Tensor:
                  _join(_field(w, start + 2 * step, field), _field(w, start + 3 * step, field)))
 
 
-def _top_bits(w0, w1, w2) -> torch.Tensor:
-    return ((w0 >> 15) & 0x00010001) | ((w1 >> 14) & 0x00020002) | ((w2 >> 13) & 0x00040004)
+def _join8(a: list[torch.Tensor]) -> torch.Tensor:
+    return _join(_join(_join(a[0], a[1]), _join(a[2], a[3])), _join(_join(a[4], a[5]), _join(a[6], a[7])))
+
+
+def three_bit_classes(w0, w1, w2) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+    """The 16 register pairs of a 3-bit group as the kernel extracts them (mirrors
+    ``kernels.decode._three_bit_pairs``): 8 pairs of codes at bits 0-2 of each half-word (one AND
+    each, or a shift and an AND) and 8 pairs of codes at bits 3-5 (code * 8). Fields at bits 0, 3,
+    6, 9 and 12 of each plane's half-words, and the 16th pair from bit 15 of the three planes
+    (value bit i in plane i)."""
+    low, high = 0x00070007, 0x00380038
+    s6 = [w >> 6 for w in (w0, w1, w2)]
+    w0s12, w2s12, w1s9 = w0 >> 12, w2 >> 12, w1 >> 9
+    top = (w0s12 & 0x00080008) | ((w1 >> 11) & 0x00100010) | ((w2 >> 10) & 0x00200020)
+    ones = [w0 & low, w1 & low, w2 & low, s6[0] & low, s6[1] & low, s6[2] & low, w0s12 & low, w2s12 & low]
+    eights = [w0 & high, w1 & high, w2 & high, s6[0] & high, s6[1] & high, s6[2] & high, w1s9 & high, top]
+    return ones, eights
 
 
 def unpack_group(planes: list[torch.Tensor], bits: int) -> torch.Tensor:
     """The kernel's in-register unpacking, in torch: ``bits`` int64 word tensors [X]
-    (values in [0, 2^32)) -> codes [X, 32]. Mirrors ``kernels.decode._unpack_group``."""
+    (values in [0, 2^32)) -> codes [X, 32]. Mirrors ``kernels.decode._unpack_group``; for 3 bits,
+    values whose index has bit 1 set are the pairs the kernel holds as code * 8."""
     if bits == 2:
         f = 0x00030003
         w0, w1 = planes
         pairs = _join(_join(_join4(w0, 0, 2, f), _join4(w0, 8, 2, f)), _join(_join4(w1, 0, 2, f), _join4(w1, 8, 2, f)))
+    elif bits == 3:
+        ones, eights = three_bit_classes(*planes[:3])
+        pairs = _join(_join8(ones), _join8(eights) >> 3)
     else:
-        f = ((1 << bits) - 1) * 0x10001
-        w0, w1, w2 = planes[:3]
-        if bits == 3:
-            last = _join(_join(_field(w0, 12, f), _field(w1, 12, f)), _join(_field(w2, 12, f), _top_bits(w0, w1, w2)))
-        else:
-            last = _join4(planes[3], 0, 4, f)
-        pairs = _join(_join(_join4(w0, 0, bits, f), _join4(w1, 0, bits, f)), _join(_join4(w2, 0, bits, f), last))
+        f = 0x000F000F
+        w0, w1, w2, w3 = planes
+        pairs = _join(_join(_join4(w0, 0, 4, f), _join4(w1, 0, 4, f)), _join(_join4(w2, 0, 4, f), _join4(w3, 0, 4, f)))
     halves = _join(pairs & 0xFFFF, pairs >> 16)
     return halves.reshape(*planes[0].shape, 32)
 

@@ -49,6 +49,26 @@ def test_bit_table_is_a_bijection(record, bits):
     _record(record, states_checked=bits * 32, bit_errors=0)
 
 
+def test_three_bit_classes(record):
+    """The kernel's two 3-bit classes: the pairs it takes at bits 0-2 (code * 2^-24 as fp16) and at
+    bits 3-5 (code * 2^-21), with nothing else in their words, are the values whose index in the
+    group has bit 1 clear and set; random words and every single bit."""
+    gen = torch.Generator().manual_seed(303)
+    words = torch.randint(0, 2**32, (3, 4096), dtype=torch.int64, generator=gen)
+    probes = torch.zeros(3, 96, dtype=torch.int64)
+    for plane in range(3):
+        probes[plane, plane * 32:(plane + 1) * 32] = 1 << torch.arange(32)
+    for w in (words, probes):
+        ones, eights = paged.three_bit_classes(*w)
+        ones, eights = (paged._join8(pairs).flatten(-3) for pairs in (ones, eights))  # [X, 8], kernel order
+        assert not bool((ones & ~0x00070007).any()) and not bool((eights & ~0x00380038).any())
+        values = paged.unpack_group(list(w), 3).reshape(-1, 8, 2, 2)  # [X, pair in class, class, half]
+        for cls, pairs in ((0, ones), (1, eights >> 3)):
+            assert torch.equal(values[:, :, cls, 0], pairs & 0xFFFF)
+            assert torch.equal(values[:, :, cls, 1], pairs >> 16)
+    _record(record, states_checked=(4096 + 96) * 32, bit_errors=0)
+
+
 @pytest.mark.parametrize("bits, d, tile, warps", LAYOUTS, ids=[f"b{b}-d{d}-t{t}w{w}" for b, d, t, w in LAYOUTS])
 def test_tile_arrangement_round_trip(record, bits, d, tile, warps):
     """codes -> words -> codes and words -> codes -> words are identities (random data, all
