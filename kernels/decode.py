@@ -21,11 +21,12 @@ Triton path, two kernels:
    power of two is applied to the fp32 results). For 3 bits half the codes come out in
    each form, by bit 1 of their reduction index, and a factor 8 on the other operand
    (q per channel, p per token) makes them all code * 2^-21 (_class_factors); with it,
-   q * sm_scale * K scale and p * V scale must stay below 8188 (65504 / 8) in magnitude,
-   as fp16 operands. Scales never touch the codes: K scales are folded into q per tile
-   (on the one query row when Hq = Hkv) and V scales into p per channel group; zero points become a rank-1 correction (one bias
-   per head for K, a per-token sum for V). The rounding of q*s and p*s to fp16 is split
-   into hi and lo rows of M, so the products carry about 22 bits. With one warp per tile
+   q * sm_scale * log2(e) * K scale (per channel) and the V scales must stay below 8188
+   (65504 / 8) in magnitude, as fp16 operands. Scales never touch the codes: K scales are folded into q per tile
+   (on the one query row when Hq = Hkv) and V scales into p per channel group; zero points
+   become a rank-1 correction (one bias per head for K, a sum over the tokens for V, per
+   channel group). The rounding of q*s and p*s to fp16 is split into hi and lo rows of M,
+   so the products carry about 22 bits. With one warp per tile
    the softmax weights enter the V product in the registers the logits product left them
    in (V tiles store their tokens in that order, :func:`kernels.paged.kernel_token_order`;
    with more warps the tokens are spread over warps and still change hands). Only the
@@ -281,32 +282,21 @@ def _hi_lo(x, HALF: tl.constexpr, N: tl.constexpr):
 def _fold_k_scales(q32, ks, kz, QROWS: tl.constexpr, HALF: tl.constexpr, D: tl.constexpr):
     """K scales [D] folded into q: (fp16 [2 HALF, D] rows hi(q*s) then lo(q*s), bias [HALF, 1] =
     (q*s) . zero). q32 is [1, D] for one query head per kv head (the fold runs on that row alone
-    and the other rows are zeros) or [2 HALF, D], each head twice (rows r and r + HALF)."""
+    and every hi row, every lo row and the bias repeat it) or [2 HALF, D], each head twice (rows
+    r and r + HALF)."""
     x = q32 * ks[None, :]
     hi = x.to(tl.float16)
     if QROWS == 1:
         lo = (x - hi.to(tl.float32)).to(tl.float16)
         bias = tl.sum((hi.to(tl.float32) + lo.to(tl.float32)) * kz[None, :], 1)
         row = tl.arange(0, 2 * HALF)[:, None]
-        qs = tl.where(row == 0, hi, tl.where(row == HALF, lo, 0.0).to(tl.float16))
-        return qs, _zero_rows(bias[:, None], 1, HALF, 1)
+        qs = tl.where(row < HALF, hi, lo)
+        return qs, tl.zeros([HALF, 1], tl.float32) + bias[:, None]
     else:
         lo_row = tl.arange(0, 2 * HALF) >= HALF
         qs = tl.where(lo_row[:, None], (x - hi.to(tl.float32)).to(tl.float16), hi)
         bias = tl.sum(tl.reshape(tl.sum(qs.to(tl.float32) * kz[None, :], 1), [2, HALF]), 0)
         return qs, bias[:, None]
-
-
-@triton.jit
-def _zero_rows(x, ROWS: tl.constexpr, TO: tl.constexpr, N: tl.constexpr):
-    """[ROWS, N] -> [TO, N]: x, then zero rows (powers of two, TO <= 8 * ROWS)."""
-    if ROWS < TO:
-        x = tl.reshape(tl.permute(tl.join(x, tl.zeros_like(x)), (2, 0, 1)), [2 * ROWS, N])
-    if 2 * ROWS < TO:
-        x = tl.reshape(tl.permute(tl.join(x, tl.zeros_like(x)), (2, 0, 1)), [4 * ROWS, N])
-    if 4 * ROWS < TO:
-        x = tl.reshape(tl.permute(tl.join(x, tl.zeros_like(x)), (2, 0, 1)), [8 * ROWS, N])
-    return x
 
 
 @triton.jit
@@ -328,15 +318,15 @@ def _fragment_tokens(x, ROWS: tl.constexpr, T: tl.constexpr):
 def _v_group(acc, zacc, p, alpha, v, s, z, HALF: tl.constexpr, BLOCK_T: tl.constexpr):
     """V product of one channel group with its per-token scale s [T] folded into p.
 
-    acc [2 HALF, G] += [hi; lo](p * s) @ (held code); zacc [HALF, T] += (p * s) * z, kept
-    per token and reduced once per split (_code_unit * acc - sum(zacc) is the dequantized
-    product). s and z are fp32 [T], s with the class factors folded in and z divided by them;
-    v [G, T] holds its tokens in kernels.paged's V tile order (_fragment_tokens).
+    acc [2 HALF, G] += [hi; lo](p * s) @ (held code); zacc [HALF] += sum over the tile's tokens
+    of (p * s) * z (_code_unit * acc - zacc is the dequantized product). s and z are fp32 [T],
+    s with the class factors folded in and z divided by them; v [G, T] holds its tokens in
+    kernels.paged's V tile order (_fragment_tokens).
     """
     ps32 = p * s[None, :]
     ps = _fragment_tokens(_hi_lo(ps32, HALF, BLOCK_T), 2 * HALF, BLOCK_T)
     acc = tl.dot(ps, tl.trans(v), acc * _rows2(alpha, HALF)[:, None])
-    zacc = zacc * alpha[:, None] + ps32 * z[None, :]
+    zacc = zacc * alpha + tl.sum(ps32 * z[None, :], 1)
     return acc, zacc
 
 
@@ -475,7 +465,6 @@ def _code_partial(
     NGV: tl.constexpr = D // G
     HALF: tl.constexpr = M // 2
     G1: tl.constexpr = G if NGV == 2 else 16  # second channel group's accumulator (unused when NGV = 1)
-    T1: tl.constexpr = BLOCK_T if NGV == 2 else 16
     d = tl.arange(0, D)
     rows = tl.arange(0, QROWS) % HALF  # QROWS: 1 (one query head) or M (each head twice, _fold_k_scales)
     q = tl.load(q_ptr + b * stride_qb + (h * GROUP + rows)[:, None] * stride_qh + d[None, :],
@@ -484,9 +473,9 @@ def _code_partial(
     m = tl.full([HALF], float("-inf"), tl.float32)
     l_acc = tl.zeros([HALF, BLOCK_T], tl.float32)
     acc0 = tl.zeros([M, G], tl.float32)
-    zacc0 = tl.zeros([HALF, BLOCK_T], tl.float32)
+    zacc0 = tl.zeros([HALF], tl.float32)
     acc1 = tl.zeros([M, G1], tl.float32)
-    zacc1 = tl.zeros([HALF, T1], tl.float32)
+    zacc1 = tl.zeros([HALF], tl.float32)
     t_begin = split * tiles_per_split
     t_end = tl.minimum(t_begin + tiles_per_split, (code_len + BLOCK_T - 1) // BLOCK_T)
     page, off, ks, kz, vs0, vz0, vs1, vz1 = _tile_params(
@@ -523,11 +512,11 @@ def _code_partial(
     l = tl.sum(l_acc, 1)
     inv = 1.0 / tl.where(l > 0.0, l, 1.0)
     heads = tl.arange(0, HALF)
-    out0 = tl.sum(tl.reshape(acc0, [2, HALF, G]), 0) * _code_unit(BITS) - tl.sum(zacc0, 1)[:, None]
+    out0 = tl.sum(tl.reshape(acc0, [2, HALF, G]), 0) * _code_unit(BITS) - zacc0[:, None]
     _store_partial(mid_o_ptr, b, h * GROUP + heads, split, stride_mo_b, stride_mo_h, stride_mo_s,
                    out0 * inv[:, None], 0, heads < GROUP, G)
     if NGV == 2:
-        out1 = tl.sum(tl.reshape(acc1, [2, HALF, G]), 0) * _code_unit(BITS) - tl.sum(zacc1, 1)[:, None]
+        out1 = tl.sum(tl.reshape(acc1, [2, HALF, G]), 0) * _code_unit(BITS) - zacc1[:, None]
         _store_partial(mid_o_ptr, b, h * GROUP + heads, split, stride_mo_b, stride_mo_h, stride_mo_s,
                        out1 * inv[:, None], G, heads < GROUP, G)
     _store_lse(mid_lse_ptr, b, h * GROUP + heads, split, stride_ml_b, stride_ml_h, m, l, heads < GROUP)
