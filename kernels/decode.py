@@ -19,14 +19,15 @@ Triton path, two kernels:
    read as two fp16 numbers is the subnormals code * 2^-24, ``w & 0x00380038`` the
    subnormals code * 2^-21, exact, and the tensor cores multiply them exactly (the
    power of two is applied to the fp32 results). For 3 bits half the codes come out in
-   each form, by bit 1 of their reduction index, and a factor 8 on the other operand
-   (q per channel, p per token) makes them all code * 2^-21 (_class_factors); with it,
-   q * sm_scale * log2(e) * K scale (per channel) and the V scales must stay below 8188
-   (65504 / 8) in magnitude, as fp16 operands. Scales never touch the codes: K scales are folded into q per tile
+   each form, by bit 1 of their reduction index, and a factor 1/8 on the other operand
+   (q per channel, p per token) where they are code * 2^-21 makes them all count as
+   code * 2^-24 (_class_factors; the operands only shrink, so their fp16 range is that of
+   q * s and p * s). Scales never touch the codes: K scales are folded into q per tile
    (on the one query row when Hq = Hkv) and V scales into p per channel group; zero points
    become a rank-1 correction (one bias per head for K, a sum over the tokens for V, per
    channel group). The rounding of q*s and p*s to fp16 is split into hi and lo rows of M,
-   so the products carry about 22 bits. With one warp per tile
+   so the products carry about 22 bits (fewer once a low part falls below fp16's normal
+   range, 3 bits sooner for the operands taken with 1/8). With one warp per tile
    the softmax weights enter the V product in the registers the logits product left them
    in (V tiles store their tokens in that order, :func:`kernels.paged.kernel_token_order`;
    with more warps the tokens are spread over warps and still change hands). Only the
@@ -75,6 +76,7 @@ SPLIT_PROGRAMS_PER_SM = 16  # split-KV target: programs per SM (H200, 1-warp til
 NUM_STAGES = 2  # software-pipelining depth of the code-word loads (H200: 2 beats 3 and 4)
 MAX_REGISTERS = None  # register cap per thread (None: the compiler's choice)
 LOG2E = 1.4426950408889634
+UNIT_INV = tl.constexpr(16777216.0)  # 2^24: the products count codes as code * 2^-24 (_class_factors)
 
 
 # ----------------------------------------------------------------------------- references
@@ -145,8 +147,10 @@ def _three_bit_pairs(w0, w1, w2):
     """The 16 register pairs of a 3-bit group (twin: kernels.paged.three_bit_classes), joined last
     by class: pairs of codes at bits 0-2 of their half-words (read as fp16, code * 2^-24), then
     pairs of codes at bits 3-5 (code * 2^-21), each class taken with one AND per pair (after one
-    shift by 6 or 12 for the fields higher up): 26 bit operations for 32 values. The class is
-    bit 1 of the value's index, hence of its reduction index in the tile (_class_factors)."""
+    shift by 6, 9 or 12 for the fields higher up; the last pair gathers bit 15 of the three
+    planes): 26 machine instructions for 32 values (8 shifts, 18 LOP3, which fuse each OR with
+    an AND), 33 when every field was shifted down. The class is bit 1 of the value's index,
+    hence of its reduction index in the tile (_class_factors)."""
     LOW: tl.constexpr = 0x00070007
     HIGH: tl.constexpr = 0x00380038
     w0s6 = w0 >> 6
@@ -182,26 +186,17 @@ def _unpack_group(w0, w1, w2, w3, NRG: tl.constexpr, BITS: tl.constexpr, T: tl.c
 
 @triton.jit
 def _class_factors(k, BITS: tl.constexpr):
-    """(factor, 1 / factor) fp32 for reduction indices k of a tile, so that factor * (the code as the
-    kernel holds it) is code * 2^-21 for every code: 8 where 3-bit codes are held as code * 2^-24
-    (k bit 1 clear), 1 where they are held as code * 2^-21, and 1 throughout for 2 and 4 bits
-    (whose codes are all code * 2^-24; _code_unit)."""
+    """(factor, 1 / factor) fp32 for reduction indices k of a tile: the other operand's factor that
+    makes every code, as the kernel holds it, count as code * 2^-24: 1 where 3-bit codes are held
+    as code * 2^-24 (k bit 1 clear), 1/8 where they are held as code * 2^-21 (k bit 1 set), 1
+    throughout for 2 and 4 bits. A factor below 1 keeps every fp16 operand within the range it
+    had (q * s and p * s only shrink); the zero points take 1 / factor."""
     if BITS == 3:
         low = (k & 2) == 0
-        return tl.where(low, 8.0, 1.0), tl.where(low, 0.125, 1.0)
+        return tl.where(low, 1.0, 0.125), tl.where(low, 1.0, 8.0)
     else:
         one = (k * 0 + 1).to(tl.float32)
         return one, one
-
-
-@triton.jit
-def _code_unit(BITS: tl.constexpr):
-    """What scales the products of factor-folded operands and held codes back: 2^21 for 3 bits
-    (_class_factors), 2^24 otherwise."""
-    if BITS == 3:
-        return 2097152.0
-    else:
-        return 16777216.0
 
 
 @triton.jit
@@ -240,8 +235,9 @@ def _load_plane(ptr, PLANE: tl.constexpr, NRG: tl.constexpr, T: tl.constexpr):
 def _load_tile(ptr, N: tl.constexpr, K: tl.constexpr, BITS: tl.constexpr, WARPS: tl.constexpr,
                INTERPRET: tl.constexpr):
     """Decode-arranged words of one tile -> fp16 [N, K] holding the codes as exact subnormals
-    (_unpack_group; code * 2^-21 after _class_factors along K), already in
-    the register layout of a tensor-core B operand (kernels.paged: reshape, permute, reshape)."""
+    (_unpack_group: code * 2^-24, and for 3 bits code * 2^-21 where bit 1 of the K index is set,
+    _class_factors), already in the register layout of a tensor-core B operand (kernels.paged:
+    reshape, permute, reshape)."""
     T: tl.constexpr = 32 * WARPS
     NRG: tl.constexpr = N * K // (T * 32)
     w0 = _load_plane(ptr, 0, NRG, T)
@@ -279,7 +275,7 @@ def _hi_lo(x, HALF: tl.constexpr, N: tl.constexpr):
 
 
 @triton.jit
-def _fold_k_scales(q32, ks, kz, QROWS: tl.constexpr, HALF: tl.constexpr, D: tl.constexpr):
+def _fold_k_scales(q32, ks, kz, QROWS: tl.constexpr, HALF: tl.constexpr):
     """K scales [D] folded into q: (fp16 [2 HALF, D] rows hi(q*s) then lo(q*s), bias [HALF, 1] =
     (q*s) . zero). q32 is [1, D] for one query head per kv head (the fold runs on that row alone
     and every hi row, every lo row and the bias repeat it) or [2 HALF, D], each head twice (rows
@@ -319,7 +315,7 @@ def _v_group(acc, zacc, p, alpha, v, s, z, HALF: tl.constexpr, BLOCK_T: tl.const
     """V product of one channel group with its per-token scale s [T] folded into p.
 
     acc [2 HALF, G] += [hi; lo](p * s) @ (held code); zacc [HALF] += sum over the tile's tokens
-    of (p * s) * z (_code_unit * acc - zacc is the dequantized product). s and z are fp32 [T],
+    of (p * s) * z (2^24 acc - zacc is the dequantized product). s and z are fp32 [T],
     s with the class factors folded in and z divided by them; v [G, T] holds its tokens in
     kernels.paged's V tile order (_fragment_tokens).
     """
@@ -378,20 +374,20 @@ def _code_tile(
 
     K: the tile's per-channel scales are folded into q (q * s, split into fp16 hi and lo rows
     of the M dimension) and its zero points become one bias per row, so the codes enter the
-    tensor cores as they are unpacked, code * 2^-24 or code * 2^-21 (exact fp16 subnormals,
-    which the tensor cores multiply exactly; q carries the factor 8 where the code is held as
-    code * 2^-24, and the fp32 results are scaled back by 2^21 (_code_unit)):
-    logits = 2^21 (q*s*f) @ (held code) - (q*s) . zero, hi and lo rows summed. Small operands
+    tensor cores as they are unpacked, code * 2^-24 (3 bits: or code * 2^-21, where q carries
+    the factor 1/8, _class_factors), exact fp16 subnormals which the tensor cores multiply
+    exactly; the fp32 results are scaled back by 2^24:
+    logits = 2^24 (q*s*f) @ (held code) - (q*s) . zero, hi and lo rows summed. Small operands
     (codes, not 1024 + code as the fp16 magic number would give) keep the tensor-core
     accumulation exact enough over 100K tokens.
     V: per-token scales folded into p, one product per channel group (_v_group).
     """
     NGV: tl.constexpr = D // G
     kinv = _class_factors(tl.arange(0, D), BITS)[1]  # q32 carries the factors (_code_partial)
-    qs, bias = _fold_k_scales(q32, ks, kz * kinv, QROWS, HALF, D)
+    qs, bias = _fold_k_scales(q32, ks, kz * kinv, QROWS, HALF)
     kptr = kw_ptr + page * stride_kw_p + h * stride_kw_h + (off // BLOCK_T) * stride_kw_t
     k_codes = _load_tile(kptr, BLOCK_T, D, BITS, WARPS, INTERPRET)  # [BLOCK_T, D], held codes
-    qk = tl.sum(tl.reshape(tl.dot(qs, tl.trans(k_codes)), [2, HALF, BLOCK_T]), 0) * _code_unit(BITS) - bias
+    qk = tl.sum(tl.reshape(tl.dot(qs, tl.trans(k_codes)), [2, HALF, BLOCK_T]), 0) * UNIT_INV - bias
     if MASKED:
         valid = tile * BLOCK_T + tl.arange(0, BLOCK_T) < code_len
         qk = tl.where(valid[None, :], qk, float("-inf"))  # [HALF, BLOCK_T], log2 domain
@@ -512,11 +508,11 @@ def _code_partial(
     l = tl.sum(l_acc, 1)
     inv = 1.0 / tl.where(l > 0.0, l, 1.0)
     heads = tl.arange(0, HALF)
-    out0 = tl.sum(tl.reshape(acc0, [2, HALF, G]), 0) * _code_unit(BITS) - zacc0[:, None]
+    out0 = tl.sum(tl.reshape(acc0, [2, HALF, G]), 0) * UNIT_INV - zacc0[:, None]
     _store_partial(mid_o_ptr, b, h * GROUP + heads, split, stride_mo_b, stride_mo_h, stride_mo_s,
                    out0 * inv[:, None], 0, heads < GROUP, G)
     if NGV == 2:
-        out1 = tl.sum(tl.reshape(acc1, [2, HALF, G]), 0) * _code_unit(BITS) - zacc1[:, None]
+        out1 = tl.sum(tl.reshape(acc1, [2, HALF, G]), 0) * UNIT_INV - zacc1[:, None]
         _store_partial(mid_o_ptr, b, h * GROUP + heads, split, stride_mo_b, stride_mo_h, stride_mo_s,
                        out1 * inv[:, None], G, heads < GROUP, G)
     _store_lse(mid_lse_ptr, b, h * GROUP + heads, split, stride_ml_b, stride_ml_h, m, l, heads < GROUP)

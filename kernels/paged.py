@@ -5,19 +5,20 @@ canonical format (DESIGN section 3):
 
 **Decode tile arrangement.** The canonical stream packs value i of a row at bits
 [b*i, b*i + b). The kernel instead reads tiles of ``tile`` tokens (16, 32 or 64), and
-every one of its 32 * ``warps`` threads loads, with one coalesced 32-bit load per
-word, exactly the words whose values form its own tensor-core operand fragment: no
-shuffles, no shared-memory round trip between the load and the dot. Two ideas:
+every one of its 32 * ``warps`` threads loads, in coalesced runs of up to four words,
+exactly the words whose values form its own tensor-core operand fragment: no
+shuffles between the load and the dot. Two ideas:
 
-* pairs: a 32-value group lives in ``bits`` words ("planes") so that
-  ``(w >> s) & 0x00070007`` yields two codes in one register, already in the
-  operand's register pairs (read as fp16, the exact subnormals code * 2^-24). For
+* pairs: a 32-value group lives in ``bits`` words ("planes") so that a mask, after a
+  shift for the fields higher up (``(w >> s) & 0x00030003`` for 2 bits), yields two
+  codes in one register, already in the operand's register pairs (read as fp16, the
+  exact subnormals code * 2^-24). For
   bits 2 and 4, plane k holds 16/b pairs at bits [b*j, b*j + b) and [16 + b*j, ...);
   for bits 3, planes 0..2 hold 5 pairs each at bits [3j, 3j+3) and [16+3j, ...), and
   the last pair is spread over bits 15 and 31 of the three planes (value bit i in
   plane i). The kernel takes 3-bit pairs in two classes, those at bits 0-2 of a
   half-word after at most one shift (``w & 0x00070007``) and those at bits 3-5
-  (``w & 0x00380038``, code * 8), 26 bit operations per 32 values
+  (``w & 0x00380038``, code * 8), 26 machine instructions per 32 values
   (:func:`three_bit_classes`); the class is bit 1 of the value index in the group.
 * fragments: a tile is a matrix [N, K] (K: the reduction axis of its product; K
   tiles are [t tokens, D], V tiles [D, t tokens]). In the B-operand layout of an
@@ -34,8 +35,8 @@ shuffles, no shared-memory round trip between the load and the dot. Two ideas:
 
 Words of one tile are stored ``[plane, run, thread, word]``: a thread's groups of one plane,
 in the order its operand fragment takes them, lie in runs of :func:`run_length` (up to 4)
-consecutive words, so a warp reads each run with one 16-byte access per thread (512
-contiguous bytes). :func:`decode_bit_table` and
+consecutive words, so a warp reads each run with one access of 4 * run bytes per thread
+(with 4 groups or more per thread, 16 bytes: 512 contiguous bytes per warp). :func:`decode_bit_table` and
 :func:`unpack_tile` are the single definition; the packer is their inverse.
 
 **Paged pool.** Fixed-size pages of ``page_size`` tokens (a multiple of the tile and

@@ -8,10 +8,13 @@ import itertools
 
 import pytest
 import torch
-from decode_support import random_kv, varlen_cache
+import triton
+import triton.language as tl
+from decode_support import device_params, random_kv, varlen_cache
 
 import kernels
 from kernels import paged
+from kernels.decode import _three_bit_pairs
 from kernels.packing import unpack_bits
 
 
@@ -69,6 +72,40 @@ def test_three_bit_classes(record):
     _record(record, states_checked=(4096 + 96) * 32, bit_errors=0)
 
 
+@triton.jit
+def _three_bit_pairs_probe(w_ptr, out_ptr, N: tl.constexpr):
+    """The kernel's 3-bit pair extraction on N word triples: int32 [3, N] -> int32 [N, 16]."""
+    i = tl.arange(0, N)
+    w0 = tl.load(w_ptr + i).to(tl.uint32, bitcast=True)
+    w1 = tl.load(w_ptr + N + i).to(tl.uint32, bitcast=True)
+    w2 = tl.load(w_ptr + 2 * N + i).to(tl.uint32, bitcast=True)
+    pairs = tl.reshape(_three_bit_pairs(w0, w1, w2), [N, 16])
+    tl.store(out_ptr + i[:, None] * 16 + tl.arange(0, 16)[None, :], pairs.to(tl.int32, bitcast=True))
+
+
+@pytest.mark.parametrize("device", device_params())
+def test_kernel_three_bit_pairs_match_the_twin(record, device):
+    """The kernel's _three_bit_pairs (compiled on a GPU, interpreted on CPU) returns, word for word,
+    the pairs of kernels.paged.three_bit_classes in the twin's join order (code * 8 for the second
+    class): random words and every single bit of the three planes."""
+    gen = torch.Generator().manual_seed(304)
+    n = 256
+    words = torch.randint(-2**31, 2**31, (3, n), dtype=torch.int64, generator=gen)
+    for plane in range(3):
+        words[plane, :96] = 0
+        words[plane, plane * 32:(plane + 1) * 32] = 1 << torch.arange(32)
+    words = torch.where(words >= 2**31, words - 2**32, words).to(torch.int32)
+    out = torch.full((n, 16), -1, dtype=torch.int32, device=device)
+    _three_bit_pairs_probe[(1,)](words.to(device), out, N=n)
+    ones, eights = paged.three_bit_classes(*(words.to(torch.int64) & 0xFFFFFFFF))
+    want = paged._join(paged._join8(ones), paged._join8(eights)).reshape(n, 16)
+    want = torch.where(want >= 2**31, want - 2**32, want).to(torch.int32)
+    errors = int((out.cpu() != want).sum())
+    record.backend, record.device, record.variant = "triton", device, "layout"
+    record.add(states_checked=n * 96, bit_errors=errors)
+    assert errors == 0
+
+
 @pytest.mark.parametrize("bits, d, tile, warps", LAYOUTS, ids=[f"b{b}-d{d}-t{t}w{w}" for b, d, t, w in LAYOUTS])
 def test_tile_arrangement_round_trip(record, bits, d, tile, warps):
     """codes -> words -> codes and words -> codes -> words are identities (random data, all
@@ -113,9 +150,10 @@ def test_threads_hold_their_mma_fragments(record, d, tile, warps):
 
 @pytest.mark.parametrize("bits, d, tile, warps", LAYOUTS, ids=[f"b{b}-d{d}-t{t}w{w}" for b, d, t, w in LAYOUTS])
 def test_thread_words_lie_in_runs(record, bits, d, tile, warps):
-    """A thread's words of one plane are consecutive runs of run_length words: with every value
-    of thread t's fragment set to all ones and the rest zero, the tile's words are all ones
-    exactly at [plane, run, t, word] and zero elsewhere (every bit of a word is a value bit)."""
+    """A thread's words of one plane are consecutive runs of run_length words, in the order of its
+    groups: with every value of thread t's group f set to all ones and the rest zero, the tile's
+    words are all ones exactly at [plane, f // run, t, f % run] of every plane and zero elsewhere
+    (every bit of a word is a value bit)."""
     threads = 32 * warps
     checked = 0
     for role in ("k", "v"):
@@ -124,17 +162,23 @@ def test_thread_words_lie_in_runs(record, bits, d, tile, warps):
         nrg = paged.groups_per_thread(n, k, warps)
         run = paged.run_length(nrg)
         assert run == min(nrg, 4)  # 16-byte accesses
-        owner = paged._place(torch.arange(threads).repeat_interleave(per).reshape(threads, per), n, k, warps)
+        held = [paged._place(x.reshape(threads, per), n, k, warps) for x in (
+            torch.arange(threads).repeat_interleave(per), torch.arange(per).repeat(threads) // 32)]
         if role == "v":  # the kernel holds token order[j] at column j
-            natural = torch.empty_like(owner)
-            natural[:, paged.kernel_token_order(k)] = owner
-            owner = natural
-        slot_owner = (torch.arange(bits * nrg * threads) // run) % threads  # [plane, run, thread, word]
+            natural = [torch.empty_like(x) for x in held]
+            for x, y in zip(held, natural, strict=True):
+                y[:, paged.kernel_token_order(k)] = x
+            held = natural
+        owner, group = held
+        slot = torch.arange(bits * nrg * threads)  # [plane, run, thread, word]
+        slot_owner, slot_group = (slot // run) % threads, (slot // (run * threads)) % (nrg // run) * run + slot % run
         for t in sorted({0, 1, 5, threads - 1}):
-            codes = torch.where(owner == t, (1 << bits) - 1, 0).to(torch.uint8)
-            words = paged.pack_tile(codes, bits, role, d, tile, warps)
-            assert torch.equal(words, torch.where(slot_owner == t, -1, 0).to(torch.int32)), (role, t)
-            checked += words.numel()
+            for f in range(nrg):
+                codes = torch.where((owner == t) & (group == f), (1 << bits) - 1, 0).to(torch.uint8)
+                words = paged.pack_tile(codes, bits, role, d, tile, warps)
+                want = torch.where((slot_owner == t) & (slot_group == f), -1, 0).to(torch.int32)
+                assert torch.equal(words, want), (role, t, f)
+                checked += words.numel()
     _record(record, states_checked=checked * 32, bit_errors=0)
 
 
