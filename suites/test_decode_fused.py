@@ -121,19 +121,24 @@ def test_large_logits(record, device):
 
 def test_large_scales_keep_the_fp16_range(record, device):
     """K and V of magnitude 6e4 (scales up to about 17000): with q = 0 every weight is 1, so the V
-    operand p * s reaches the scales themselves; with |q| = 3, q * sm_scale * log2(e) * K scale
-    reaches about 9000 per channel (the logits about 10^5: one-hot). The kernel's operands only
-    shrink with the 3-bit class factors, so both stay finite and within 2e-3 of the largest |V|."""
+    operand p * s reaches the scales themselves; with |q| = 3 along token 7's key (all +-6e4),
+    q * sm_scale * log2(e) * K scale reaches about 9000 per channel and token 7 wins by logits of
+    order 10^5 (one-hot, no near ties). The kernel's operands only shrink with the 3-bit class
+    factors, so both stay finite and within 2e-3 of the largest |V|."""
     s, d, top = 192, 64, 60000.0
     k, v = random_kv(1, 1, s, d, device=device, seed=72, outliers=False)
-    k = (k.float() / k.float().abs().max() * top).to(torch.float16)
+    gen = torch.Generator(device=device).manual_seed(73)
+    signs = torch.randint(0, 2, (d,), generator=gen, device=device).float() * 2 - 1
+    k = k.float() / k.float().abs().max() * top
+    k[0, 0, 7] = signs * top
+    k = k.to(torch.float16)
     v = (v.float() / v.float().abs().max() * top).to(torch.float16)
     cache = _cache(k, v)
     assert float(cache.v_scale.float().abs().max()) > 8192 and float(cache.k_scale.float().abs().max()) > 8192
-    gen = torch.Generator(device=device).manual_seed(73)
-    signs = torch.randint(0, 2, (1, 1, d), generator=gen, device=device).float() * 2 - 1
-    for q in (torch.zeros(1, 1, d, device=device), 3.0 * signs):
-        run_checked(record, q.to(torch.float16), cache, tol=2e-3 * top)
+    for q in (torch.zeros(d, device=device), 3.0 * signs):
+        out = run_checked(record, q.reshape(1, 1, d).to(torch.float16), cache, tol=2e-3 * top)
+    v_hat = kernels.dequantize_kv(cache, dtype=torch.float32)[1]
+    assert float((out.double() - v_hat[0, 0, 7].double()).abs().max()) <= 2e-3 * top  # token 7's value
 
 
 def test_one_hot_oracle(record, device):
