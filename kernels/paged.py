@@ -215,15 +215,20 @@ def held_tile(words: torch.Tensor, bits: int, role: str, d: int, tile: int = DEF
     return _place(vals.flatten(-2), n, k, warps)
 
 
+def natural_from_held(held: torch.Tensor, role: str) -> torch.Tensor:
+    """[..., N, K] as the kernel holds a tile -> the same values at their natural positions (a V
+    tile's kernel_token_order undone; K tiles unchanged)."""
+    n, k = held.shape[-2:]
+    tiles = torch.empty_like(held)
+    tiles.flatten(-2)[..., _tile_elements(role, n, k).flatten()] = held.flatten(-2)
+    return tiles
+
+
 def unpack_tile(words: torch.Tensor, bits: int, role: str, d: int, tile: int = DEFAULT_TILE,
                 warps: int = DEFAULT_WARPS) -> torch.Tensor:
     """Decode-arranged words int32 [..., W] of tiles -> codes uint8 [..., N, K], tokens in their
     natural order (held_tile with a V tile's kernel_token_order undone)."""
-    n, k = tile_shape(role, d, tile)
-    held = held_tile(words, bits, role, d, tile, warps)
-    tiles = torch.empty_like(held)
-    tiles.flatten(-2)[..., _tile_elements(role, n, k).flatten()] = held.flatten(-2)
-    return tiles.to(torch.uint8)
+    return natural_from_held(held_tile(words, bits, role, d, tile, warps), role).to(torch.uint8)
 
 
 @functools.cache

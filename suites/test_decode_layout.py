@@ -162,14 +162,8 @@ def test_thread_words_lie_in_runs(record, bits, d, tile, warps):
         nrg = paged.groups_per_thread(n, k, warps)
         run = paged.run_length(nrg)
         assert run == min(nrg, 4)  # 16-byte accesses
-        held = [paged._place(x.reshape(threads, per), n, k, warps) for x in (
-            torch.arange(threads).repeat_interleave(per), torch.arange(per).repeat(threads) // 32)]
-        if role == "v":  # the kernel holds token order[j] at column j
-            natural = [torch.empty_like(x) for x in held]
-            for x, y in zip(held, natural, strict=True):
-                y[:, paged.kernel_token_order(k)] = x
-            held = natural
-        owner, group = held
+        owner, group = (paged.natural_from_held(paged._place(x.reshape(threads, per), n, k, warps), role) for x in (
+            torch.arange(threads).repeat_interleave(per), torch.arange(per).repeat(threads) // 32))
         slot = torch.arange(bits * nrg * threads)  # [plane, run, thread, word]
         slot_owner, slot_group = (slot // run) % threads, (slot // (run * threads)) % (nrg // run) * run + slot % run
         for t in sorted({0, 1, 5, threads - 1}):
