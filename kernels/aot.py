@@ -29,6 +29,7 @@ class AotSpec:
     num_stages: int = 3
     aligned_pointers: bool = True  # compile as launched with 16-byte aligned tensors
     divisible_ints: tuple = ()  # int arguments that are multiples of 16 in the launches it stands for
+    maxnreg: int | None = None  # register cap per thread, as the launch passes it (None: the compiler's choice)
 
 
 def collect_specs(modules=KERNEL_MODULES) -> tuple[list[AotSpec], list[str]]:
@@ -63,6 +64,8 @@ def compile_spec(spec: AotSpec, arch: int):
              if (kind.startswith("*") and spec.aligned_pointers) or arg in spec.divisible_ints}
     source = ASTSource(fn=kernel, signature=signature, constexprs=dict(spec.constexprs), attrs=attrs)
     options = {"num_warps": spec.num_warps, "num_stages": spec.num_stages}
+    if spec.maxnreg:
+        options["maxnreg"] = spec.maxnreg
     return triton.compile(source, target=GPUTarget("cuda", arch, 32), options=options)
 
 

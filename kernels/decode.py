@@ -11,29 +11,30 @@ Triton path, two kernels:
 1. ``_decode_split_kernel``, grid ``(splits + 1, Hkv, B)``: program ``s < splits``
    walks tiles of ``BLOCK_T`` quantized tokens (inside one K scale group and one page)
    and keeps an online softmax (running max, per-token sums, accumulators) for the
-   ``Hq / Hkv`` query heads of its kv head, stacked as the M dimension of both
-   tensor-core products, so each K/V tile is loaded once for the whole group. Each
-   thread loads exactly the words of its own MMA operand fragment (the tile
-   arrangement of :mod:`kernels.paged`) and turns two codes into the fp16 pair the
-   tensor cores read with a mask (and a shift for fields higher up): ``w & 0x00070007``
-   read as two fp16 numbers is the subnormals code * 2^-24, ``w & 0x00380038`` the
-   subnormals code * 2^-21, exact, and the tensor cores multiply them exactly (the
-   power of two is applied to the fp32 results). For 3 bits half the codes come out in
-   each form, by bit 1 of their reduction index, and a factor 1/8 on the other operand
+   ``Hq / Hkv`` query heads of its kv head, so each K/V tile is loaded once for the whole
+   group. Both tensor-core products take the code tiles as their A operand (tokens as M for
+   the logits, channels as M for the output) and the query heads as N, 8 columns or more:
+   each head's hi and lo column (below). Each thread loads exactly the words of its own
+   operand fragment (the tile arrangement of :mod:`kernels.paged`) and turns two codes into
+   the fp16 pair the tensor cores read with a mask (and a shift for fields higher up):
+   ``w & 0x00070007`` read as two fp16 numbers is the subnormals code * 2^-24,
+   ``w & 0x00380038`` the subnormals code * 2^-21, exact, and the tensor cores multiply them
+   exactly (the power of two is applied to the fp32 results). For 3 bits half the codes come
+   out in each form, by bit 1 of their reduction index, and a factor 1/8 on the other operand
    (q per channel, p per token) where they are code * 2^-21 makes them all count as
    code * 2^-24 (_class_factors; the operands only shrink, so their fp16 range is that of
    q * s and p * s). Scales never touch the codes: K scales are folded into q per tile
-   (on the one query row when Hq = Hkv) and V scales into p per channel group; zero points
-   become a rank-1 correction (one bias per head for K, a sum over the tokens for V, per
-   channel group). The rounding of q*s and p*s to fp16 is split into hi and lo rows of M,
-   so the products carry about 22 bits (fewer once a low part falls below fp16's normal
-   range, 3 bits sooner for the operands taken with 1/8). With one warp per tile
-   the softmax weights enter the V product in the registers the logits product left them
-   in (V tiles store their tokens in that order, :func:`kernels.paged.kernel_token_order`;
-   with more warps the tokens are spread over warps and still change hands). Only the
-   sequence's last code tile, which may end past the attended length, is masked (the loop
-   over whole tiles has no token mask). The last program attends the fp residual window.
-   Each writes a normalized partial output and its log-sum-exp (base 2).
+   (on the one query row when Hq = Hkv) and V scales into p per channel group (each group's
+   codes unpacked from its own words, _load_tile_halves); zero points become a rank-1
+   correction (one bias per head for K, a sum over the tokens for V, per channel group). The
+   rounding of q*s and p*s to fp16 is split into a hi and a lo column per head, so the
+   products carry about 22 bits (fewer once a low part falls below fp16's normal range,
+   3 bits sooner for the operands taken with 1/8). The softmax weights reach the V product
+   through shared memory (the logits' accumulator fragment is not a B-operand fragment); V
+   tiles keep their tokens in :func:`kernels.paged.kernel_token_order`. Only the sequence's
+   last code tile, which may end past the attended length, is masked (the loop over whole
+   tiles has no token mask). The last program attends the fp residual window. Each writes a
+   normalized partial output and its log-sum-exp (base 2).
 2. ``_decode_merge_kernel``, grid ``(Hq, B)``: merges the partials by log-sum-exp.
 
 The number of splits comes from the shape, so that batch 1 fills every SM.
@@ -72,9 +73,9 @@ from .paged import (
 
 BACKENDS = ("torch", "triton")
 Q_DTYPES = (torch.float16, torch.bfloat16)
-SPLIT_PROGRAMS_PER_SM = 16  # split-KV target: programs per SM (H200, 1-warp tiles: 16 beats 24, 32 and 48)
+SPLIT_PROGRAMS_PER_SM = 24  # split-KV target: programs per SM (H200 at MAX_REGISTERS: 24 beats 16)
 NUM_STAGES = 2  # software-pipelining depth of the code-word loads (H200: 2 beats 3 and 4)
-MAX_REGISTERS = None  # register cap per thread (None: the compiler's choice)
+MAX_REGISTERS = 168  # register cap per thread (H200: 168 beats the compiler's 255 and 128; None lifts it)
 LOG2E = 1.4426950408889634
 UNIT_INV = tl.constexpr(16777216.0)  # 2^24: the products count codes as code * 2^-24 (_class_factors)
 
@@ -232,14 +233,9 @@ def _load_plane(ptr, PLANE: tl.constexpr, NRG: tl.constexpr, T: tl.constexpr):
 
 
 @triton.jit
-def _load_tile(ptr, N: tl.constexpr, K: tl.constexpr, BITS: tl.constexpr, WARPS: tl.constexpr,
-               INTERPRET: tl.constexpr):
-    """Decode-arranged words of one tile -> fp16 [N, K] holding the codes as exact subnormals
-    (_unpack_group: code * 2^-24, and for 3 bits code * 2^-21 where bit 1 of the K index is set,
-    _class_factors), already in the register layout of a tensor-core B operand (kernels.paged:
-    reshape, permute, reshape)."""
-    T: tl.constexpr = 32 * WARPS
-    NRG: tl.constexpr = N * K // (T * 32)
+def _load_words(ptr, NRG: tl.constexpr, T: tl.constexpr, BITS: tl.constexpr):
+    """The BITS planes of the thread's NRG groups of one tile: uint32 [T, NRG] each (planes past
+    BITS repeat plane 1 and are not read)."""
     w0 = _load_plane(ptr, 0, NRG, T)
     w1 = _load_plane(ptr, 1, NRG, T)
     w2 = w1
@@ -248,9 +244,53 @@ def _load_tile(ptr, N: tl.constexpr, K: tl.constexpr, BITS: tl.constexpr, WARPS:
         w2 = _load_plane(ptr, 2, NRG, T)
     if BITS == 4:
         w3 = _load_plane(ptr, 3, NRG, T)
+    return w0, w1, w2, w3
+
+
+@triton.jit
+def _place_codes(w0, w1, w2, w3, N: tl.constexpr, K: tl.constexpr, BITS: tl.constexpr,
+                 WARPS: tl.constexpr, INTERPRET: tl.constexpr):
+    """Planes uint32 [T, NRG] of an [N, K] tile -> fp16 [N, K] holding the codes as exact
+    subnormals (_unpack_group: code * 2^-24, and for 3 bits code * 2^-21 where bit 1 of the K
+    index is set, _class_factors), already in the register layout of a tensor-core operand
+    (kernels.paged: reshape, permute, reshape)."""
+    T: tl.constexpr = 32 * WARPS
+    NRG: tl.constexpr = N * K // (T * 32)
     vals = tl.reshape(_unpack_group(w0, w1, w2, w3, NRG, BITS, T, INTERPRET),
                       [8 * WARPS, 4, N // (8 * WARPS), K // 16, 4])
     return tl.reshape(tl.permute(vals, (2, 0, 3, 1, 4)), [N, K])
+
+
+@triton.jit
+def _load_tile(ptr, N: tl.constexpr, K: tl.constexpr, BITS: tl.constexpr, WARPS: tl.constexpr,
+               INTERPRET: tl.constexpr):
+    """Decode-arranged words of one tile -> fp16 [N, K] held codes (_place_codes)."""
+    NRG: tl.constexpr = N * K // (32 * WARPS * 32)
+    w0, w1, w2, w3 = _load_words(ptr, NRG, 32 * WARPS, BITS)
+    return _place_codes(w0, w1, w2, w3, N, K, BITS, WARPS, INTERPRET)
+
+
+@triton.jit
+def _word_halves(w, T: tl.constexpr, NRG: tl.constexpr):
+    """uint32 [T, NRG] -> the thread's first and last NRG / 2 groups, [T, NRG / 2] each."""
+    return tl.split(tl.permute(tl.reshape(w, [T, 2, NRG // 2]), (0, 2, 1)))
+
+
+@triton.jit
+def _load_tile_halves(ptr, N: tl.constexpr, K: tl.constexpr, BITS: tl.constexpr, WARPS: tl.constexpr,
+                      INTERPRET: tl.constexpr):
+    """Rows [0, N/2) and [N/2, N) of _load_tile, each fp16 [N / 2, K]: the first and the last half
+    of each thread's groups (the top bit of a group's place is the top bit of its rows), split
+    as words, so each half is unpacked straight into its own operand layout."""
+    T: tl.constexpr = 32 * WARPS
+    NRG: tl.constexpr = N * K // (T * 32)
+    w0, w1, w2, w3 = _load_words(ptr, NRG, T, BITS)
+    a0, b0 = _word_halves(w0, T, NRG)
+    a1, b1 = _word_halves(w1, T, NRG)
+    a2, b2 = _word_halves(w2, T, NRG)
+    a3, b3 = _word_halves(w3, T, NRG)
+    return (_place_codes(a0, a1, a2, a3, N // 2, K, BITS, WARPS, INTERPRET),
+            _place_codes(b0, b1, b2, b3, N // 2, K, BITS, WARPS, INTERPRET))
 
 
 @triton.jit
@@ -266,63 +306,58 @@ def _online_update(m, l, acc, qk, v, valid):
 
 
 @triton.jit
-def _hi_lo(x, HALF: tl.constexpr, N: tl.constexpr):
-    """fp32 [HALF, N] -> fp16 [2 * HALF, N]: rows [0, HALF) hold fl16(x), rows [HALF, 2 HALF) the
+def _hi_lo_cols(x, T: tl.constexpr, HALF: tl.constexpr):
+    """fp32 [T, HALF] -> fp16 [T, 2 * HALF]: column 2 j holds fl16(x[:, j]), column 2 j + 1 the
     remainder fl16(x - fl16(x)); their sum carries about 22 bits."""
     hi = x.to(tl.float16)
     lo = (x - hi.to(tl.float32)).to(tl.float16)
-    return tl.reshape(tl.permute(tl.join(hi, lo), (2, 0, 1)), [2 * HALF, N])
+    return tl.reshape(tl.join(hi, lo), [T, 2 * HALF])
 
 
 @triton.jit
-def _fold_k_scales(q32, ks, kz, QROWS: tl.constexpr, HALF: tl.constexpr):
-    """K scales [D] folded into q: (fp16 [2 HALF, D] rows hi(q*s) then lo(q*s), bias [HALF, 1] =
-    (q*s) . zero). q32 is [1, D] for one query head per kv head (the fold runs on that row alone
-    and every hi row, every lo row and the bias repeat it) or [2 HALF, D], each head twice (rows
-    r and r + HALF)."""
+def _fold_k_scales(q32, ks, kz, HALF: tl.constexpr, D: tl.constexpr):
+    """K scales [D] folded into q: (fp16 [D, 2 HALF], columns hi(q*s) and lo(q*s) of each head in
+    turn, bias [HALF] = (q*s) . zero). q32 is [1, D] for one query head per kv head (its fold
+    repeated in every column pair) or [HALF, D], one head per row."""
     x = q32 * ks[None, :]
     hi = x.to(tl.float16)
-    if QROWS == 1:
-        lo = (x - hi.to(tl.float32)).to(tl.float16)
-        bias = tl.sum((hi.to(tl.float32) + lo.to(tl.float32)) * kz[None, :], 1)
-        row = tl.arange(0, 2 * HALF)[:, None]
-        qs = tl.where(row < HALF, hi, lo)
-        return qs, tl.zeros([HALF, 1], tl.float32) + bias[:, None]
+    lo = (x - hi.to(tl.float32)).to(tl.float16)
+    bias = tl.sum((hi.to(tl.float32) + lo.to(tl.float32)) * kz[None, :], 1)
+    qs = tl.reshape(tl.permute(tl.join(hi, lo), (1, 0, 2)), [D, 2 * x.shape[0]])
+    if x.shape[0] == 1:
+        col = tl.arange(0, 2 * HALF)[None, :]
+        qs = tl.where(col == 0, tl.reshape(hi, [D, 1]), tl.where(col == 1, tl.reshape(lo, [D, 1]), 0.0).to(tl.float16))
+        return qs, tl.zeros([HALF], tl.float32) + bias
     else:
-        lo_row = tl.arange(0, 2 * HALF) >= HALF
-        qs = tl.where(lo_row[:, None], (x - hi.to(tl.float32)).to(tl.float16), hi)
-        bias = tl.sum(tl.reshape(tl.sum(qs.to(tl.float32) * kz[None, :], 1), [2, HALF]), 0)
-        return qs, bias[:, None]
+        return qs, bias
 
 
 @triton.jit
-def _rows2(x, HALF: tl.constexpr):
-    """[HALF] -> [2 * HALF]: the same value for a head's hi and lo rows."""
-    return tl.reshape(tl.permute(tl.join(x, x), (1, 0)), [2 * HALF])
+def _cols2(x, HALF: tl.constexpr):
+    """[HALF] -> [2 * HALF]: the same value for a head's hi and lo columns."""
+    return tl.reshape(tl.join(x, x), [2 * HALF])
 
 
 @triton.jit
 def _fragment_tokens(x, ROWS: tl.constexpr, T: tl.constexpr):
     """[ROWS, T] -> [ROWS, T] with token 16 i + 8 h + 2 c + p moved to 16 i + 4 c + 2 h + p: the
-    order of kernels.paged's V tiles (kernel_token_order), in which, with one warp, the logits'
-    accumulator fragment is already the dot's A-operand fragment (no shuffles between the two
-    products)."""
+    order of kernels.paged's V tiles (kernel_token_order)."""
     return tl.reshape(tl.permute(tl.reshape(x, [ROWS, T // 16, 2, 4, 2]), (0, 1, 3, 2, 4)), [ROWS, T])
 
 
 @triton.jit
 def _v_group(acc, zacc, p, alpha, v, s, z, HALF: tl.constexpr, BLOCK_T: tl.constexpr):
-    """V product of one channel group with its per-token scale s [T] folded into p.
+    """V product of one channel group with its per-token scale s [T] folded into p [T, HALF].
 
-    acc [2 HALF, G] += [hi; lo](p * s) @ (held code); zacc [HALF] += sum over the tile's tokens
-    of (p * s) * z (2^24 acc - zacc is the dequantized product). s and z are fp32 [T],
-    s with the class factors folded in and z divided by them; v [G, T] holds its tokens in
-    kernels.paged's V tile order (_fragment_tokens).
+    acc [G, 2 HALF] += (held code) @ [hi, lo](p * s); zacc [HALF] += sum over the tile's tokens
+    of (p * s) * z (2^24 acc - zacc is the dequantized product). s and z are fp32 [T], s with the
+    class factors folded in and z divided by them; v [G, T] holds its tokens in kernels.paged's
+    V tile order (_fragment_tokens).
     """
-    ps32 = p * s[None, :]
-    ps = _fragment_tokens(_hi_lo(ps32, HALF, BLOCK_T), 2 * HALF, BLOCK_T)
-    acc = tl.dot(ps, tl.trans(v), acc * _rows2(alpha, HALF)[:, None])
-    zacc = zacc * alpha + tl.sum(ps32 * z[None, :], 1)
+    ps32 = p * s[:, None]
+    ps = tl.trans(_fragment_tokens(tl.trans(_hi_lo_cols(ps32, BLOCK_T, HALF)), 2 * HALF, BLOCK_T))
+    acc = tl.dot(v, ps, acc * _cols2(alpha, HALF)[None, :])
+    zacc = zacc * alpha + tl.sum(ps32 * z[:, None], 0)
     return acc, zacc
 
 
@@ -366,44 +401,44 @@ def _code_tile(
     m, l_acc, acc0, acc1, zacc0, zacc1, q32, tile, code_len,
     page, off, ks, kz, vs0, vz0, vs1, vz1, h,
     kw_ptr, stride_kw_p, stride_kw_h, stride_kw_t, vw_ptr, stride_vw_p, stride_vw_h, stride_vw_t,
-    QROWS: tl.constexpr, HALF: tl.constexpr, D: tl.constexpr, G: tl.constexpr, BITS: tl.constexpr,
+    HALF: tl.constexpr, D: tl.constexpr, G: tl.constexpr, BITS: tl.constexpr,
     BLOCK_T: tl.constexpr, WARPS: tl.constexpr, INTERPRET: tl.constexpr, MASKED: tl.constexpr,
 ):
     """Attend one tile of BLOCK_T quantized tokens (one page, one K scale group); MASKED: the
     tile may end past code_len (the sequence's last code tile), whose logits beyond it are -inf.
 
-    K: the tile's per-channel scales are folded into q (q * s, split into fp16 hi and lo rows
-    of the M dimension) and its zero points become one bias per row, so the codes enter the
-    tensor cores as they are unpacked, code * 2^-24 (3 bits: or code * 2^-21, where q carries
-    the factor 1/8, _class_factors), exact fp16 subnormals which the tensor cores multiply
-    exactly; the fp32 results are scaled back by 2^24:
-    logits = 2^24 (q*s*f) @ (held code) - (q*s) . zero, hi and lo rows summed. Small operands
+    K: the tile's per-channel scales are folded into q (q * s, split into an fp16 hi and lo
+    column per head, the N dimension) and its zero points become one bias per head, so the
+    codes enter the tensor cores (A operand, tokens as M) as they are unpacked, code * 2^-24
+    (3 bits: or code * 2^-21, where q carries the factor 1/8, _class_factors), exact fp16
+    subnormals which the tensor cores multiply exactly; the fp32 results are scaled back by 2^24:
+    logits = 2^24 (held code) @ (q*s*f) - (q*s) . zero, hi and lo columns summed. Small operands
     (codes, not 1024 + code as the fp16 magic number would give) keep the tensor-core
     accumulation exact enough over 100K tokens.
     V: per-token scales folded into p, one product per channel group (_v_group).
     """
     NGV: tl.constexpr = D // G
     kinv = _class_factors(tl.arange(0, D), BITS)[1]  # q32 carries the factors (_code_partial)
-    qs, bias = _fold_k_scales(q32, ks, kz * kinv, QROWS, HALF)
+    qs, bias = _fold_k_scales(q32, ks, kz * kinv, HALF, D)
     kptr = kw_ptr + page * stride_kw_p + h * stride_kw_h + (off // BLOCK_T) * stride_kw_t
     k_codes = _load_tile(kptr, BLOCK_T, D, BITS, WARPS, INTERPRET)  # [BLOCK_T, D], held codes
-    qk = tl.sum(tl.reshape(tl.dot(qs, tl.trans(k_codes)), [2, HALF, BLOCK_T]), 0) * UNIT_INV - bias
+    qk = tl.sum(tl.reshape(tl.dot(k_codes, qs), [BLOCK_T, HALF, 2]), 2) * UNIT_INV - bias[None, :]
     if MASKED:
         valid = tile * BLOCK_T + tl.arange(0, BLOCK_T) < code_len
-        qk = tl.where(valid[None, :], qk, float("-inf"))  # [HALF, BLOCK_T], log2 domain
-    m_new = tl.maximum(m, tl.max(qk, 1))
+        qk = tl.where(valid[:, None], qk, float("-inf"))  # [BLOCK_T, HALF], log2 domain
+    m_new = tl.maximum(m, tl.max(qk, 0))
     alpha = tl.exp2(m - m_new)
-    p = tl.exp2(qk - m_new[:, None])
-    l_acc = l_acc * alpha[:, None] + p
+    p = tl.exp2(qk - m_new[None, :])
+    l_acc = l_acc * alpha[None, :] + p
 
     vptr = vw_ptr + page * stride_vw_p + h * stride_vw_h + (off // BLOCK_T) * stride_vw_t
-    v_codes = _load_tile(vptr, D, BLOCK_T, BITS, WARPS, INTERPRET)  # [D, BLOCK_T], held codes
     # the class of V token t: bit 1 of the kernel's reduction index, bit 3 of t (kernel_token_order)
     vf, vinv = _class_factors(tl.arange(0, BLOCK_T) >> 2, BITS)
     if NGV == 1:
+        v_codes = _load_tile(vptr, D, BLOCK_T, BITS, WARPS, INTERPRET)  # [D, BLOCK_T], held codes
         acc0, zacc0 = _v_group(acc0, zacc0, p, alpha, v_codes, vs0 * vf, vz0 * vinv, HALF, BLOCK_T)
     else:
-        v0, v1 = tl.split(tl.permute(tl.reshape(v_codes, [2, G, BLOCK_T]), (1, 2, 0)))
+        v0, v1 = _load_tile_halves(vptr, D, BLOCK_T, BITS, WARPS, INTERPRET)  # [G, BLOCK_T] each
         acc0, zacc0 = _v_group(acc0, zacc0, p, alpha, v0, vs0 * vf, vz0 * vinv, HALF, BLOCK_T)
         acc1, zacc1 = _v_group(acc1, zacc1, p, alpha, v1, vs1 * vf, vz1 * vinv, HALF, BLOCK_T)
     return m_new, l_acc, acc0, acc1, zacc0, zacc1
@@ -429,7 +464,7 @@ def _tile_step(
     q32, tile, t_end, b, h, code_len, kw_ptr, stride_kw_p, stride_kw_h, stride_kw_t,
     ks_ptr, kz_ptr, stride_ks_p, stride_ks_h, stride_ks_g, vw_ptr, stride_vw_p, stride_vw_h, stride_vw_t,
     vs_ptr, vz_ptr, stride_vs_p, stride_vs_h, stride_vs_t, bt_ptr, stride_bt_b, page_size,
-    QROWS: tl.constexpr, HALF: tl.constexpr, D: tl.constexpr, G: tl.constexpr, BITS: tl.constexpr,
+    HALF: tl.constexpr, D: tl.constexpr, G: tl.constexpr, BITS: tl.constexpr,
     BLOCK_T: tl.constexpr, WARPS: tl.constexpr, INTERPRET: tl.constexpr, MASKED: tl.constexpr,
 ):
     """One step of a split's tile loop: fetch the next tile's page and scales, attend this tile
@@ -441,7 +476,7 @@ def _tile_step(
     m, l_acc, acc0, acc1, zacc0, zacc1 = _code_tile(
         m, l_acc, acc0, acc1, zacc0, zacc1, q32, tile, code_len,
         page, off, ks, kz, vs0, vz0, vs1, vz1, h, kw_ptr, stride_kw_p, stride_kw_h, stride_kw_t,
-        vw_ptr, stride_vw_p, stride_vw_h, stride_vw_t, QROWS, HALF, D, G, BITS, BLOCK_T, WARPS, INTERPRET,
+        vw_ptr, stride_vw_p, stride_vw_h, stride_vw_t, HALF, D, G, BITS, BLOCK_T, WARPS, INTERPRET,
         MASKED)
     page, off, ks, kz, vs0, vz0, vs1, vz1 = nxt
     return m, l_acc, acc0, acc1, zacc0, zacc1, page, off, ks, kz, vs0, vz0, vs1, vz1
@@ -462,15 +497,14 @@ def _code_partial(
     HALF: tl.constexpr = M // 2
     G1: tl.constexpr = G if NGV == 2 else 16  # second channel group's accumulator (unused when NGV = 1)
     d = tl.arange(0, D)
-    rows = tl.arange(0, QROWS) % HALF  # QROWS: 1 (one query head) or M (each head twice, _fold_k_scales)
-    q = tl.load(q_ptr + b * stride_qb + (h * GROUP + rows)[:, None] * stride_qh + d[None, :],
-                mask=(rows < GROUP)[:, None], other=0.0)
+    rows = tl.arange(0, QROWS) % GROUP  # QROWS: 1 (one query head) or HALF (heads, padded by repeats)
+    q = tl.load(q_ptr + b * stride_qb + (h * GROUP + rows)[:, None] * stride_qh + d[None, :])
     q32 = q.to(tl.float32) * qk_scale * _class_factors(d, BITS)[0][None, :]
     m = tl.full([HALF], float("-inf"), tl.float32)
-    l_acc = tl.zeros([HALF, BLOCK_T], tl.float32)
-    acc0 = tl.zeros([M, G], tl.float32)
+    l_acc = tl.zeros([BLOCK_T, HALF], tl.float32)
+    acc0 = tl.zeros([G, M], tl.float32)
     zacc0 = tl.zeros([HALF], tl.float32)
-    acc1 = tl.zeros([M, G1], tl.float32)
+    acc1 = tl.zeros([G1, M], tl.float32)
     zacc1 = tl.zeros([HALF], tl.float32)
     t_begin = split * tiles_per_split
     t_end = tl.minimum(t_begin + tiles_per_split, (code_len + BLOCK_T - 1) // BLOCK_T)
@@ -488,7 +522,7 @@ def _code_partial(
                 q32, tile, t_end, b, h, code_len, kw_ptr, stride_kw_p, stride_kw_h,
                 stride_kw_t, ks_ptr, kz_ptr, stride_ks_p, stride_ks_h, stride_ks_g, vw_ptr, stride_vw_p,
                 stride_vw_h, stride_vw_t, vs_ptr, vz_ptr, stride_vs_p, stride_vs_h, stride_vs_t, bt_ptr,
-                stride_bt_b, page_size, QROWS, HALF, D, G, BITS, BLOCK_T, WARPS, INTERPRET, False)
+                stride_bt_b, page_size, HALF, D, G, BITS, BLOCK_T, WARPS, INTERPRET, False)
             tile += 1
     else:  # a for loop: the compiler software-pipelines its loads (NUM_STAGES)
         for tile in range(t_begin, t_whole):
@@ -497,22 +531,22 @@ def _code_partial(
                 q32, tile, t_end, b, h, code_len, kw_ptr, stride_kw_p, stride_kw_h,
                 stride_kw_t, ks_ptr, kz_ptr, stride_ks_p, stride_ks_h, stride_ks_g, vw_ptr, stride_vw_p,
                 stride_vw_h, stride_vw_t, vs_ptr, vz_ptr, stride_vs_p, stride_vs_h, stride_vs_t, bt_ptr,
-                stride_bt_b, page_size, QROWS, HALF, D, G, BITS, BLOCK_T, WARPS, INTERPRET, False)
+                stride_bt_b, page_size, HALF, D, G, BITS, BLOCK_T, WARPS, INTERPRET, False)
     if t_whole < t_end:  # the last code tile, partly past code_len: masked
         m, l_acc, acc0, acc1, zacc0, zacc1, page, off, ks, kz, vs0, vz0, vs1, vz1 = _tile_step(
             m, l_acc, acc0, acc1, zacc0, zacc1, page, off, ks, kz, vs0, vz0, vs1, vz1,
             q32, t_whole, t_end, b, h, code_len, kw_ptr, stride_kw_p, stride_kw_h,
             stride_kw_t, ks_ptr, kz_ptr, stride_ks_p, stride_ks_h, stride_ks_g, vw_ptr, stride_vw_p,
             stride_vw_h, stride_vw_t, vs_ptr, vz_ptr, stride_vs_p, stride_vs_h, stride_vs_t, bt_ptr,
-            stride_bt_b, page_size, QROWS, HALF, D, G, BITS, BLOCK_T, WARPS, INTERPRET, True)
-    l = tl.sum(l_acc, 1)
+            stride_bt_b, page_size, HALF, D, G, BITS, BLOCK_T, WARPS, INTERPRET, True)
+    l = tl.sum(l_acc, 0)
     inv = 1.0 / tl.where(l > 0.0, l, 1.0)
     heads = tl.arange(0, HALF)
-    out0 = tl.sum(tl.reshape(acc0, [2, HALF, G]), 0) * UNIT_INV - zacc0[:, None]
+    out0 = tl.trans(tl.sum(tl.reshape(acc0, [G, HALF, 2]), 2)) * UNIT_INV - zacc0[:, None]
     _store_partial(mid_o_ptr, b, h * GROUP + heads, split, stride_mo_b, stride_mo_h, stride_mo_s,
                    out0 * inv[:, None], 0, heads < GROUP, G)
     if NGV == 2:
-        out1 = tl.sum(tl.reshape(acc1, [2, HALF, G]), 0) * UNIT_INV - zacc1[:, None]
+        out1 = tl.trans(tl.sum(tl.reshape(acc1, [G, HALF, 2]), 2)) * UNIT_INV - zacc1[:, None]
         _store_partial(mid_o_ptr, b, h * GROUP + heads, split, stride_mo_b, stride_mo_h, stride_mo_s,
                        out1 * inv[:, None], G, heads < GROUP, G)
     _store_lse(mid_lse_ptr, b, h * GROUP + heads, split, stride_ml_b, stride_ml_h, m, l, heads < GROUP)
@@ -573,7 +607,7 @@ def _decode_split_kernel(
     block_table int32 [B, pages]; lens, cache_lens int32 [B] (attended length, cache length).
     Writes mid_o fp32 [B, Hq, splits+1, D] (normalized) and mid_lse fp32 [B, Hq, splits+1]
     (log2-sum-exp, -inf when the split is empty). Program ``splits`` attends the residual window.
-    GROUP = Hq / Hkv; QROWS = fold_rows(GROUP); M = 2 * max(8, next power of 2 >= GROUP).
+    GROUP = Hq / Hkv; QROWS = fold_rows(GROUP); M = mma_rows(GROUP) = 2 * max(4, next power of 2 >= GROUP).
     """
     split = tl.program_id(0)
     h = tl.program_id(1)
@@ -638,15 +672,15 @@ def _host_values(t: torch.Tensor) -> list[int]:
 
 
 def mma_rows(group: int) -> int:
-    """M of both tensor-core products: each of the group's query heads twice (hi and lo rows),
-    padded to a power of two of at least 16."""
-    return 2 * max(8, triton.next_power_of_2(group))
+    """N of both tensor-core products: each of the group's query heads twice (hi and lo columns),
+    padded to a power of two of at least 8 by repeating heads."""
+    return 2 * max(4, triton.next_power_of_2(group))
 
 
 def fold_rows(group: int) -> int:
     """Rows of q the per-tile K-scale folding runs on (_fold_k_scales): the one query head of
-    its kv head, or every M row (each head twice) for GQA."""
-    return 1 if group == 1 else mma_rows(group)
+    its kv head, or one row per head (padded by repeats) for GQA."""
+    return 1 if group == 1 else mma_rows(group) // 2
 
 
 def _target_programs(device: torch.device) -> int:
@@ -844,7 +878,7 @@ def split_spec(dtype: str = "fp16", d: int = 128, bits: int = 3, g: int = 64, gr
         _split_signature(f"*{dtype}", f"*{dtype}", "*fp16"),
         {"GROUP": group, "QROWS": fold_rows(group), "M": mma_rows(group), "D": d, "G": g, "BITS": bits,
          "BLOCK_T": tile, "WARPS": warps, "INTERPRET": False},
-        num_warps=warps, num_stages=NUM_STAGES, divisible_ints=_SPLIT_MULTIPLES,
+        num_warps=warps, num_stages=NUM_STAGES, divisible_ints=_SPLIT_MULTIPLES, maxnreg=MAX_REGISTERS,
     )
 
 

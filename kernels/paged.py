@@ -184,11 +184,10 @@ def _place(x: torch.Tensor, n: int, k: int, warps: int) -> torch.Tensor:
 
 def kernel_token_order(tile: int) -> torch.Tensor:
     """Which token of a V tile the kernel's V product reads at reduction index k: within each 16,
-    k = 4c + 2h + p holds token 8h + 2c + p. That is the order in which the logits' accumulator
-    fragment (thread c of a row holds tokens 2c, 2c + 1 of each 8) is already the A-operand
-    fragment of the V product (thread c holds k = 4c .. 4c + 3 of each 16), so with one warp per
-    tile the softmax weights enter it with no shuffles; the V tile's codes are stored in the
-    same order."""
+    k = 4c + 2h + p holds token 8h + 2c + p: lane c's reduction indices 4c .. 4c + 3 (of each 16)
+    hold tokens 2c, 2c + 1, 8 + 2c, 9 + 2c, and each register's two halves two consecutive
+    tokens. The V tile's codes are stored in this order and the kernel permutes the softmax
+    weights to it as they pass through shared memory (a row permutation, free there)."""
     k = torch.arange(tile)
     return (k & ~15) | (((k >> 1) & 1) << 3) | (((k >> 2) & 3) << 1) | (k & 1)
 

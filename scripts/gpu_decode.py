@@ -122,7 +122,7 @@ def tune() -> list[dict]:
     rows = []
     cases = [shape_case(1, 32, 32, 131072, 128, seed=31)]
     for stages in (2, 3, 4):
-        for maxnreg in (None, 128):
+        for maxnreg in (None, 168, 128):
             dec.NUM_STAGES, dec.MAX_REGISTERS = stages, maxnreg
             total = 0.0
             for name, q, cache in cases:

@@ -177,11 +177,11 @@ def test_thread_words_lie_in_runs(record, bits, d, tile, warps):
 
 
 @pytest.mark.parametrize("tile", paged.TILES)
-def test_v_token_order_is_the_accumulator_fragment(record, tile):
+def test_v_token_order(record, tile):
     """At the V product's reduction index k the kernel reads token kernel_token_order(tile)[k]: a
-    permutation inside each 16 tokens under which lane c's A-operand indices k = 4c .. 4c + 3 (of
-    each 16) hold exactly the tokens its logits accumulator holds (2c, 2c + 1 of each 8), with
-    each register's two halves (k, k + 1) two consecutive tokens of one accumulator register."""
+    permutation inside each 16 tokens under which lane c's indices k = 4c .. 4c + 3 (of each 16)
+    hold tokens 2c, 2c + 1 of each 8, each register's two halves (k, k + 1) two consecutive
+    tokens; the packed V tile holds its codes in that order."""
     order = paged.kernel_token_order(tile)
     errors = int((order.sort().values != torch.arange(tile)).sum())
     errors += int(((order >> 4) != (torch.arange(tile) >> 4)).sum())
