@@ -13,10 +13,11 @@ Triton path, two kernels:
    and keeps an online softmax (running max, per-token sums, accumulators) for the
    ``Hq / Hkv`` query heads of its kv head, so each K/V tile is loaded once for the whole
    group. Both tensor-core products take the code tiles as their A operand (tokens as M for
-   the logits, channels as M for the output) and the query heads as N, 8 columns or more:
-   each head's hi and lo column (below). Each thread loads exactly the words of its own
-   operand fragment (the tile arrangement of :mod:`kernels.paged`) and turns two codes into
-   the fp16 pair the tensor cores read with a mask (and a shift for fields higher up):
+   the logits, channels as M for the output) and the query heads as N (mma_columns: 8 or
+   more, 16 before triton 3.5): each head's hi and lo column (below). Each thread loads
+   exactly the words of its own operand fragment (the tile arrangement of
+   :mod:`kernels.paged`) and turns two codes into the fp16 pair the tensor cores read with a
+   mask (and a shift for fields higher up):
    ``w & 0x00070007`` read as two fp16 numbers is the subnormals code * 2^-24,
    ``w & 0x00380038`` the subnormals code * 2^-21, exact, and the tensor cores multiply them
    exactly (the power of two is applied to the fp32 results). For 3 bits half the codes come
@@ -489,12 +490,12 @@ def _code_partial(
     vs_ptr, vz_ptr, stride_vs_p, stride_vs_h, stride_vs_t, bt_ptr, stride_bt_b,
     mid_o_ptr, mid_lse_ptr, stride_mo_b, stride_mo_h, stride_mo_s, stride_ml_b, stride_ml_h,
     b, h, split, code_len, qk_scale, page_size, tiles_per_split,
-    GROUP: tl.constexpr, QROWS: tl.constexpr, M: tl.constexpr, D: tl.constexpr, G: tl.constexpr,
+    GROUP: tl.constexpr, QROWS: tl.constexpr, COLS: tl.constexpr, D: tl.constexpr, G: tl.constexpr,
     BITS: tl.constexpr, BLOCK_T: tl.constexpr, WARPS: tl.constexpr, INTERPRET: tl.constexpr,
 ):
     """Attend the split's tiles of quantized tokens and store its partial output and lse."""
     NGV: tl.constexpr = D // G
-    HALF: tl.constexpr = M // 2
+    HALF: tl.constexpr = COLS // 2
     G1: tl.constexpr = G if NGV == 2 else 16  # second channel group's accumulator (unused when NGV = 1)
     d = tl.arange(0, D)
     rows = tl.arange(0, QROWS) % GROUP  # QROWS: 1 (one query head) or HALF (heads, padded by repeats)
@@ -502,9 +503,9 @@ def _code_partial(
     q32 = q.to(tl.float32) * qk_scale * _class_factors(d, BITS)[0][None, :]
     m = tl.full([HALF], float("-inf"), tl.float32)
     l_acc = tl.zeros([BLOCK_T, HALF], tl.float32)
-    acc0 = tl.zeros([G, M], tl.float32)
+    acc0 = tl.zeros([G, COLS], tl.float32)
     zacc0 = tl.zeros([HALF], tl.float32)
-    acc1 = tl.zeros([G1, M], tl.float32)
+    acc1 = tl.zeros([G1, COLS], tl.float32)
     zacc1 = tl.zeros([HALF], tl.float32)
     t_begin = split * tiles_per_split
     t_end = tl.minimum(t_begin + tiles_per_split, (code_len + BLOCK_T - 1) // BLOCK_T)
@@ -556,12 +557,12 @@ def _code_partial(
 def _residual_partial(
     q_ptr, stride_qb, stride_qh, kr_ptr, vr_ptr, stride_r_b, stride_r_h, stride_r_t,
     mid_o_ptr, mid_lse_ptr, stride_mo_b, stride_mo_h, stride_mo_s, stride_ml_b, stride_ml_h,
-    b, h, split, res_len, qk_scale, GROUP: tl.constexpr, M: tl.constexpr, D: tl.constexpr, G: tl.constexpr,
+    b, h, split, res_len, qk_scale, GROUP: tl.constexpr, COLS: tl.constexpr, D: tl.constexpr, G: tl.constexpr,
     INTERPRET: tl.constexpr,
 ):
     """Attend the fp residual window, 16 tokens at a time, and store its partial. The products
     run in q's dtype on the tensor cores (fp32 in the interpreter, whose bf16 arithmetic is off)."""
-    HALF: tl.constexpr = M // 2
+    HALF: tl.constexpr = COLS // 2
     DOT: tl.constexpr = tl.float32 if INTERPRET else q_ptr.dtype.element_ty
     d = tl.arange(0, D)
     MR: tl.constexpr = 16 if HALF < 16 else HALF
@@ -597,7 +598,7 @@ def _decode_split_kernel(
     lens_ptr, cache_lens_ptr,
     mid_o_ptr, mid_lse_ptr, stride_mo_b, stride_mo_h, stride_mo_s, stride_ml_b, stride_ml_h,
     qk_scale, page_size, num_splits, tiles_per_split,
-    GROUP: tl.constexpr, QROWS: tl.constexpr, M: tl.constexpr, D: tl.constexpr, G: tl.constexpr,
+    GROUP: tl.constexpr, QROWS: tl.constexpr, COLS: tl.constexpr, D: tl.constexpr, G: tl.constexpr,
     BITS: tl.constexpr, BLOCK_T: tl.constexpr, WARPS: tl.constexpr, INTERPRET: tl.constexpr,
 ):
     """Partial attention of one split of one (sequence, kv head).
@@ -607,7 +608,7 @@ def _decode_split_kernel(
     block_table int32 [B, pages]; lens, cache_lens int32 [B] (attended length, cache length).
     Writes mid_o fp32 [B, Hq, splits+1, D] (normalized) and mid_lse fp32 [B, Hq, splits+1]
     (log2-sum-exp, -inf when the split is empty). Program ``splits`` attends the residual window.
-    GROUP = Hq / Hkv; QROWS = fold_rows(GROUP); M = mma_rows(GROUP) = 2 * max(4, next power of 2 >= GROUP).
+    GROUP = Hq / Hkv; QROWS = fold_rows(GROUP); COLS = mma_columns(GROUP).
     """
     split = tl.program_id(0)
     h = tl.program_id(1)
@@ -622,12 +623,12 @@ def _decode_split_kernel(
             vs_ptr, vz_ptr, stride_vs_p, stride_vs_h, stride_vs_t, bt_ptr, stride_bt_b,
             mid_o_ptr, mid_lse_ptr, stride_mo_b, stride_mo_h, stride_mo_s, stride_ml_b, stride_ml_h,
             b, h, split, code_len, qk_scale, page_size, tiles_per_split,
-            GROUP, QROWS, M, D, G, BITS, BLOCK_T, WARPS, INTERPRET)
+            GROUP, QROWS, COLS, D, G, BITS, BLOCK_T, WARPS, INTERPRET)
     else:
         _residual_partial(
             q_ptr, stride_qb, stride_qh, kr_ptr, vr_ptr, stride_r_b, stride_r_h, stride_r_t,
             mid_o_ptr, mid_lse_ptr, stride_mo_b, stride_mo_h, stride_mo_s, stride_ml_b, stride_ml_h,
-            b, h, split, length - code_len, qk_scale, GROUP, M, D, G, INTERPRET)
+            b, h, split, length - code_len, qk_scale, GROUP, COLS, D, G, INTERPRET)
 
 
 @triton.jit
@@ -671,16 +672,26 @@ def _host_values(t: torch.Tensor) -> list[int]:
     return values
 
 
-def mma_rows(group: int) -> int:
+def _min_dot_columns() -> int:
+    """The smallest N tl.dot compiles with for fp16 on NVIDIA: 16 up to triton 3.4, from 3.5 on
+    any (8 is the tensor-core instruction's own N)."""
+    major, minor = (int(part) for part in triton.__version__.split(".")[:2])
+    return 8 if (major, minor) >= (3, 5) else 16
+
+
+MIN_DOT_COLUMNS = _min_dot_columns()
+
+
+def mma_columns(group: int) -> int:
     """N of both tensor-core products: each of the group's query heads twice (hi and lo columns),
-    padded to a power of two of at least 8 by repeating heads."""
-    return 2 * max(4, triton.next_power_of_2(group))
+    padded by repeating heads to a power of two of at least MIN_DOT_COLUMNS."""
+    return max(MIN_DOT_COLUMNS, 2 * triton.next_power_of_2(group))
 
 
 def fold_rows(group: int) -> int:
     """Rows of q the per-tile K-scale folding runs on (_fold_k_scales): the one query head of
     its kv head, or one row per head (padded by repeats) for GQA."""
-    return 1 if group == 1 else mma_rows(group) // 2
+    return 1 if group == 1 else mma_columns(group) // 2
 
 
 def _target_programs(device: torch.device) -> int:
@@ -728,7 +739,7 @@ def _triton_decode(q, view: PagedQuantizedKV, lens, cache_lens, max_code_len, sm
         lens, cache_lens,
         mid_o, mid_lse, *mid_o.stride()[:3], *mid_lse.stride()[:2],
         sm_scale * LOG2E, view.page_size, splits, per,
-        GROUP=group, QROWS=fold_rows(group), M=mma_rows(group), D=d, G=g, BITS=view.bits,
+        GROUP=group, QROWS=fold_rows(group), COLS=mma_columns(group), D=d, G=g, BITS=view.bits,
         BLOCK_T=block_t, WARPS=view.warps, INTERPRET=triton_interpreted(),
         num_warps=view.warps, num_stages=NUM_STAGES, **({"maxnreg": MAX_REGISTERS} if MAX_REGISTERS else {}),
     )
@@ -876,7 +887,7 @@ def split_spec(dtype: str = "fp16", d: int = 128, bits: int = 3, g: int = 64, gr
     return AotSpec(
         f"decode_split_{dtype}_d{d}_b{bits}_g{g}_gqa{group}_t{tile}w{warps}", _decode_split_kernel,
         _split_signature(f"*{dtype}", f"*{dtype}", "*fp16"),
-        {"GROUP": group, "QROWS": fold_rows(group), "M": mma_rows(group), "D": d, "G": g, "BITS": bits,
+        {"GROUP": group, "QROWS": fold_rows(group), "COLS": mma_columns(group), "D": d, "G": g, "BITS": bits,
          "BLOCK_T": tile, "WARPS": warps, "INTERPRET": False},
         num_warps=warps, num_stages=NUM_STAGES, divisible_ints=_SPLIT_MULTIPLES, maxnreg=MAX_REGISTERS,
     )
