@@ -364,15 +364,17 @@ def _v_group(acc, zacc, p, alpha, v, s, z, HALF: tl.constexpr, BLOCK_T: tl.const
 
 @triton.jit
 def _tile_params(
-    b, h, tile, live, code_len, ks_ptr, kz_ptr, stride_ks_p, stride_ks_h, stride_ks_g,
-    vs_ptr, vz_ptr, stride_vs_p, stride_vs_h, stride_vs_t, bt_ptr, stride_bt_b, page_size,
-    D: tl.constexpr, G: tl.constexpr, BLOCK_T: tl.constexpr,
+    cache, b, h, tile, live, code_len, D: tl.constexpr, G: tl.constexpr, BLOCK_T: tl.constexpr,
 ):
-    """Page, offset and the scales and zeros of one tile, widened to fp32 as they are loaded (in
-    the load's layout, before they move to the products' layouts): K [D] per channel, V [T] per
-    token for channel groups 0 and 1 (masked tokens read as 0). Loaded one tile ahead of their
-    use: they are too narrow for the asynchronous copies that pipeline the code words."""
+    """(page, offset, K scale and zero [D] per channel, V scale and zero [T] per token for channel
+    groups 0 and 1) of one tile of the cache tuple (_cache_tuple), widened to fp32 as they are
+    loaded (in the load's layout, before they move to the products' layouts; masked tokens read
+    as 0). Loaded one tile ahead of their use: they are too narrow for the asynchronous copies
+    that pipeline the code words."""
     NGV: tl.constexpr = D // G
+    ks_ptr, kz_ptr, stride_ks_p, stride_ks_h, stride_ks_g = cache[4], cache[5], cache[6], cache[7], cache[8]
+    vs_ptr, vz_ptr, stride_vs_p, stride_vs_h, stride_vs_t = cache[13], cache[14], cache[15], cache[16], cache[17]
+    bt_ptr, stride_bt_b, page_size = cache[18], cache[19], cache[20]
     d = tl.arange(0, D)
     tt = tl.arange(0, BLOCK_T)
     t0 = tile * BLOCK_T
@@ -398,15 +400,26 @@ def _tile_params(
 
 
 @triton.jit
+def _cache_tuple(kw_ptr, stride_kw_p, stride_kw_h, stride_kw_t, ks_ptr, kz_ptr, stride_ks_p, stride_ks_h, stride_ks_g,
+                 vw_ptr, stride_vw_p, stride_vw_h, stride_vw_t, vs_ptr, vz_ptr, stride_vs_p, stride_vs_h, stride_vs_t,
+                 bt_ptr, stride_bt_b, page_size):
+    """The code cache's pointers and strides as one tuple, in this order (read by index in
+    _tile_params and _code_tile)."""
+    return (kw_ptr, stride_kw_p, stride_kw_h, stride_kw_t, ks_ptr, kz_ptr, stride_ks_p, stride_ks_h, stride_ks_g,
+            vw_ptr, stride_vw_p, stride_vw_h, stride_vw_t, vs_ptr, vz_ptr, stride_vs_p, stride_vs_h, stride_vs_t,
+            bt_ptr, stride_bt_b, page_size)
+
+
+@triton.jit
 def _code_tile(
-    m, l_acc, acc0, acc1, zacc0, zacc1, q32, tile, code_len,
-    page, off, ks, kz, vs0, vz0, vs1, vz1, h,
-    kw_ptr, stride_kw_p, stride_kw_h, stride_kw_t, vw_ptr, stride_vw_p, stride_vw_h, stride_vw_t,
-    HALF: tl.constexpr, D: tl.constexpr, G: tl.constexpr, BITS: tl.constexpr,
-    BLOCK_T: tl.constexpr, WARPS: tl.constexpr, INTERPRET: tl.constexpr, MASKED: tl.constexpr,
+    state, params, cache, q32, h, tile, code_len, HALF: tl.constexpr, D: tl.constexpr, G: tl.constexpr,
+    BITS: tl.constexpr, BLOCK_T: tl.constexpr, WARPS: tl.constexpr, INTERPRET: tl.constexpr,
+    MASKED: tl.constexpr,
 ):
-    """Attend one tile of BLOCK_T quantized tokens (one page, one K scale group); MASKED: the
-    tile may end past code_len (the sequence's last code tile), whose logits beyond it are -inf.
+    """Attend one tile of BLOCK_T quantized tokens (one page, one K scale group) and return the
+    softmax state (m, l_acc, acc0, acc1, zacc0, zacc1); params are the tile's (_tile_params).
+    MASKED: the tile may end past code_len (the sequence's last code tile), whose logits beyond
+    it are -inf.
 
     K: the tile's per-channel scales are folded into q (q * s, split into an fp16 hi and lo
     column per head, the N dimension) and its zero points become one bias per head, so the
@@ -419,6 +432,10 @@ def _code_tile(
     V: per-token scales folded into p, one product per channel group (_v_group).
     """
     NGV: tl.constexpr = D // G
+    m, l_acc, acc0, acc1, zacc0, zacc1 = state
+    page, off, ks, kz, vs0, vz0, vs1, vz1 = params
+    kw_ptr, stride_kw_p, stride_kw_h, stride_kw_t = cache[0], cache[1], cache[2], cache[3]
+    vw_ptr, stride_vw_p, stride_vw_h, stride_vw_t = cache[9], cache[10], cache[11], cache[12]
     kinv = _class_factors(tl.arange(0, D), BITS)[1]  # q32 carries the factors (_code_partial)
     qs, bias = _fold_k_scales(q32, ks, kz * kinv, HALF, D)
     kptr = kw_ptr + page * stride_kw_p + h * stride_kw_h + (off // BLOCK_T) * stride_kw_t
@@ -461,26 +478,17 @@ def _store_lse(mid_lse_ptr, b, heads, split, stride_ml_b, stride_ml_h, m, l, kee
 
 @triton.jit
 def _tile_step(
-    m, l_acc, acc0, acc1, zacc0, zacc1, page, off, ks, kz, vs0, vz0, vs1, vz1,
-    q32, tile, t_end, b, h, code_len, kw_ptr, stride_kw_p, stride_kw_h, stride_kw_t,
-    ks_ptr, kz_ptr, stride_ks_p, stride_ks_h, stride_ks_g, vw_ptr, stride_vw_p, stride_vw_h, stride_vw_t,
-    vs_ptr, vz_ptr, stride_vs_p, stride_vs_h, stride_vs_t, bt_ptr, stride_bt_b, page_size,
-    HALF: tl.constexpr, D: tl.constexpr, G: tl.constexpr, BITS: tl.constexpr,
-    BLOCK_T: tl.constexpr, WARPS: tl.constexpr, INTERPRET: tl.constexpr, MASKED: tl.constexpr,
+    state, params, cache, q32, b, h, tile, t_end, code_len, HALF: tl.constexpr, D: tl.constexpr,
+    G: tl.constexpr, BITS: tl.constexpr, BLOCK_T: tl.constexpr, WARPS: tl.constexpr,
+    INTERPRET: tl.constexpr, MASKED: tl.constexpr,
 ):
     """One step of a split's tile loop: fetch the next tile's page and scales, attend this tile
-    (whose page and scales the previous step fetched). Returns the softmax state, then the
-    next tile's parameters."""
-    nxt = _tile_params(
-        b, h, tile + 1, tile + 1 < t_end, code_len, ks_ptr, kz_ptr, stride_ks_p, stride_ks_h, stride_ks_g,
-        vs_ptr, vz_ptr, stride_vs_p, stride_vs_h, stride_vs_t, bt_ptr, stride_bt_b, page_size, D, G, BLOCK_T)
-    m, l_acc, acc0, acc1, zacc0, zacc1 = _code_tile(
-        m, l_acc, acc0, acc1, zacc0, zacc1, q32, tile, code_len,
-        page, off, ks, kz, vs0, vz0, vs1, vz1, h, kw_ptr, stride_kw_p, stride_kw_h, stride_kw_t,
-        vw_ptr, stride_vw_p, stride_vw_h, stride_vw_t, HALF, D, G, BITS, BLOCK_T, WARPS, INTERPRET,
-        MASKED)
-    page, off, ks, kz, vs0, vz0, vs1, vz1 = nxt
-    return m, l_acc, acc0, acc1, zacc0, zacc1, page, off, ks, kz, vs0, vz0, vs1, vz1
+    (whose page and scales, params, the previous step fetched). Returns the softmax state and
+    the next tile's parameters."""
+    nxt = _tile_params(cache, b, h, tile + 1, tile + 1 < t_end, code_len, D, G, BLOCK_T)
+    state = _code_tile(state, params, cache, q32, h, tile, code_len, HALF, D, G, BITS, BLOCK_T, WARPS,
+                       INTERPRET, MASKED)
+    return state, nxt
 
 
 @triton.jit
@@ -501,45 +509,32 @@ def _code_partial(
     rows = tl.arange(0, QROWS) % GROUP  # QROWS: 1 (one query head) or HALF (heads, padded by repeats)
     q = tl.load(q_ptr + b * stride_qb + (h * GROUP + rows)[:, None] * stride_qh + d[None, :])
     q32 = q.to(tl.float32) * qk_scale * _class_factors(d, BITS)[0][None, :]
-    m = tl.full([HALF], float("-inf"), tl.float32)
-    l_acc = tl.zeros([BLOCK_T, HALF], tl.float32)
-    acc0 = tl.zeros([G, COLS], tl.float32)
-    zacc0 = tl.zeros([HALF], tl.float32)
-    acc1 = tl.zeros([G1, COLS], tl.float32)
-    zacc1 = tl.zeros([HALF], tl.float32)
+    cache = _cache_tuple(kw_ptr, stride_kw_p, stride_kw_h, stride_kw_t, ks_ptr, kz_ptr, stride_ks_p, stride_ks_h,
+                         stride_ks_g, vw_ptr, stride_vw_p, stride_vw_h, stride_vw_t, vs_ptr, vz_ptr, stride_vs_p,
+                         stride_vs_h, stride_vs_t, bt_ptr, stride_bt_b, page_size)
+    state = (tl.full([HALF], float("-inf"), tl.float32), tl.zeros([BLOCK_T, HALF], tl.float32),
+             tl.zeros([G, COLS], tl.float32), tl.zeros([G1, COLS], tl.float32),
+             tl.zeros([HALF], tl.float32), tl.zeros([HALF], tl.float32))  # m, l_acc, acc0, acc1, zacc0, zacc1
     t_begin = split * tiles_per_split
     t_end = tl.minimum(t_begin + tiles_per_split, (code_len + BLOCK_T - 1) // BLOCK_T)
-    page, off, ks, kz, vs0, vz0, vs1, vz1 = _tile_params(
-        b, h, t_begin, t_begin < t_end, code_len, ks_ptr, kz_ptr, stride_ks_p, stride_ks_h, stride_ks_g,
-        vs_ptr, vz_ptr, stride_vs_p, stride_vs_h, stride_vs_t, bt_ptr, stride_bt_b, page_size, D, G, BLOCK_T)
+    params = _tile_params(cache, b, h, t_begin, t_begin < t_end, code_len, D, G, BLOCK_T)
     # Tiles before t_whole hold code_len's tokens throughout and skip the token mask; at most the
     # split's last tile (the sequence's last code tile) ends past code_len.
     t_whole = tl.maximum(t_begin, tl.minimum(t_end, code_len // BLOCK_T))
     if INTERPRET:  # the interpreter cannot run range() over run-time bounds
         tile = t_begin
         while tile < t_whole:
-            m, l_acc, acc0, acc1, zacc0, zacc1, page, off, ks, kz, vs0, vz0, vs1, vz1 = _tile_step(
-                m, l_acc, acc0, acc1, zacc0, zacc1, page, off, ks, kz, vs0, vz0, vs1, vz1,
-                q32, tile, t_end, b, h, code_len, kw_ptr, stride_kw_p, stride_kw_h,
-                stride_kw_t, ks_ptr, kz_ptr, stride_ks_p, stride_ks_h, stride_ks_g, vw_ptr, stride_vw_p,
-                stride_vw_h, stride_vw_t, vs_ptr, vz_ptr, stride_vs_p, stride_vs_h, stride_vs_t, bt_ptr,
-                stride_bt_b, page_size, HALF, D, G, BITS, BLOCK_T, WARPS, INTERPRET, False)
+            state, params = _tile_step(state, params, cache, q32, b, h, tile, t_end, code_len, HALF, D, G, BITS,
+                                       BLOCK_T, WARPS, INTERPRET, False)
             tile += 1
     else:  # a for loop: the compiler software-pipelines its loads (NUM_STAGES)
         for tile in range(t_begin, t_whole):
-            m, l_acc, acc0, acc1, zacc0, zacc1, page, off, ks, kz, vs0, vz0, vs1, vz1 = _tile_step(
-                m, l_acc, acc0, acc1, zacc0, zacc1, page, off, ks, kz, vs0, vz0, vs1, vz1,
-                q32, tile, t_end, b, h, code_len, kw_ptr, stride_kw_p, stride_kw_h,
-                stride_kw_t, ks_ptr, kz_ptr, stride_ks_p, stride_ks_h, stride_ks_g, vw_ptr, stride_vw_p,
-                stride_vw_h, stride_vw_t, vs_ptr, vz_ptr, stride_vs_p, stride_vs_h, stride_vs_t, bt_ptr,
-                stride_bt_b, page_size, HALF, D, G, BITS, BLOCK_T, WARPS, INTERPRET, False)
+            state, params = _tile_step(state, params, cache, q32, b, h, tile, t_end, code_len, HALF, D, G, BITS,
+                                       BLOCK_T, WARPS, INTERPRET, False)
     if t_whole < t_end:  # the last code tile, partly past code_len: masked
-        m, l_acc, acc0, acc1, zacc0, zacc1, page, off, ks, kz, vs0, vz0, vs1, vz1 = _tile_step(
-            m, l_acc, acc0, acc1, zacc0, zacc1, page, off, ks, kz, vs0, vz0, vs1, vz1,
-            q32, t_whole, t_end, b, h, code_len, kw_ptr, stride_kw_p, stride_kw_h,
-            stride_kw_t, ks_ptr, kz_ptr, stride_ks_p, stride_ks_h, stride_ks_g, vw_ptr, stride_vw_p,
-            stride_vw_h, stride_vw_t, vs_ptr, vz_ptr, stride_vs_p, stride_vs_h, stride_vs_t, bt_ptr,
-            stride_bt_b, page_size, HALF, D, G, BITS, BLOCK_T, WARPS, INTERPRET, True)
+        state, params = _tile_step(state, params, cache, q32, b, h, t_whole, t_end, code_len, HALF, D, G, BITS,
+                                   BLOCK_T, WARPS, INTERPRET, True)
+    m, l_acc, acc0, acc1, zacc0, zacc1 = state
     l = tl.sum(l_acc, 0)
     inv = 1.0 / tl.where(l > 0.0, l, 1.0)
     heads = tl.arange(0, HALF)
