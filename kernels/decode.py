@@ -38,7 +38,8 @@ Triton path, two kernels:
    normalized partial output and its log-sum-exp (base 2).
 2. ``_decode_merge_kernel``, grid ``(Hq, B)``: merges the partials by log-sum-exp.
 
-The number of splits comes from the shape, so that batch 1 fills every SM.
+The number of splits comes from the shape (split_count): one wave of programs, every one
+resident from the start, while its splits stay within MAX_SPLIT_TILES tiles, else whole waves.
 References: :func:`reference_decode` (float64 on the dequantized cache; the kernel
 error alone) and :func:`attention_reference` (any K/V, e.g. the original fp16 K/V
 for the quantization error).
@@ -74,7 +75,9 @@ from .paged import (
 
 BACKENDS = ("torch", "triton")
 Q_DTYPES = (torch.float16, torch.bfloat16)
-SPLIT_PROGRAMS_PER_SM = 24  # split-KV target: programs per SM (H200 at MAX_REGISTERS: 24 beats 16)
+SPLIT_PROGRAMS_PER_SM = None  # fixed split-KV target in programs per SM (None: the wave rule, split_count)
+MAX_SPLIT_TILES = 24  # the wave rule's longest split in tiles (H200: one wave of 42-tile splits loses 35% at 128K)
+REGISTER_FILE = 65536  # 32-bit registers per SM (sm_80 and sm_90)
 NUM_STAGES = 2  # software-pipelining depth of the code-word loads (H200: 2 beats 3 and 4)
 MAX_REGISTERS = 168  # register cap per thread (H200: 168 beats the compiler's 255 and 128; None lifts it)
 LOG2E = 1.4426950408889634
@@ -689,22 +692,43 @@ def fold_rows(group: int) -> int:
     return 1 if group == 1 else mma_columns(group) // 2
 
 
-def _target_programs(device: torch.device) -> int:
-    """Split programs to aim for at batch 1: SPLIT_PROGRAMS_PER_SM per SM on a GPU; a few in the
-    interpreter, which pays per program."""
-    if device.type == "cuda":
-        return SPLIT_PROGRAMS_PER_SM * sm_count(device)
-    return 4
+def resident_programs(warps: int) -> int:
+    """Split programs of ``warps`` warps one SM holds at once, as the register cap allows."""
+    return max(1, REGISTER_FILE // ((MAX_REGISTERS or 255) * 32 * warps))
+
+
+def split_count(pairs: int, tiles: int, slots: int) -> int:
+    """Splits per (sequence, kv head) for ``pairs`` of them with ``tiles`` tiles each, on a GPU
+    holding ``slots`` programs at once: one wave (every program resident from the start) while
+    its splits stay within MAX_SPLIT_TILES tiles, else the fewest whole waves whose splits do.
+    Whole waves: the programs never exceed a multiple of the slots by a few, which would leave
+    those few running alone at the end."""
+    shortest = -(-tiles // MAX_SPLIT_TILES)  # fewest splits that keep each within the limit
+    one_wave = slots // pairs
+    if one_wave >= shortest:
+        return max(1, one_wave)
+    waves = -(-shortest * pairs // slots)
+    return max(shortest, waves * slots // pairs)
+
+
+def _split_target(pairs: int, tiles: int, warps: int, device: torch.device) -> int:
+    """Splits to aim for: split_count on a GPU (or SPLIT_PROGRAMS_PER_SM per SM when set); a few
+    programs in the interpreter, which pays per program."""
+    if device.type != "cuda":
+        return -(-4 // pairs)
+    if SPLIT_PROGRAMS_PER_SM:
+        return -(-SPLIT_PROGRAMS_PER_SM * sm_count(device) // pairs)
+    return split_count(pairs, tiles, resident_programs(warps) * sm_count(device))
 
 
 def split_plan(batch: int, kv_heads: int, max_code_len: int, block_t: int, device: torch.device,
-               num_splits: int | None = None) -> tuple[int, int]:
-    """(splits, tiles per split) so that batch * kv_heads * splits programs fill the GPU."""
+               num_splits: int | None = None, warps: int = 1) -> tuple[int, int]:
+    """(splits, tiles per split) of the batch * kv_heads (sequence, kv head) pairs' code tiles."""
     tiles = -(-max_code_len // block_t)
     if tiles == 0:
         return 0, 1
     if num_splits is None:
-        num_splits = -(-_target_programs(device) // (batch * kv_heads))
+        num_splits = _split_target(batch * kv_heads, tiles, warps, device)
     num_splits = max(1, min(tiles, num_splits))
     per = -(-tiles // num_splits)
     return -(-tiles // per), per
@@ -715,7 +739,7 @@ def _triton_decode(q, view: PagedQuantizedKV, lens, cache_lens, max_code_len, sm
     hkv, g = view.heads, view.group_size
     group = hq // hkv
     block_t = view.tile
-    splits, per = split_plan(batch, hkv, max_code_len, block_t, q.device, num_splits)
+    splits, per = split_plan(batch, hkv, max_code_len, block_t, q.device, num_splits, view.warps)
     parts = splits + 1
     mid_o = torch.empty(batch, hq, parts, d, dtype=torch.float32, device=q.device)
     mid_lse = torch.empty(batch, hq, parts, dtype=torch.float32, device=q.device)
