@@ -400,7 +400,7 @@ CATALOGUE: tuple[Mutant, ...] = (
        "the last code tile, partly past code_len, attended without its token mask",
        f"{FUSED}::test_partial_last_group", ci=True),
     _m("decode-v-token-order", DECODE,
-       "ps = tl.trans(_fragment_tokens(tl.trans(_hi_lo_cols(ps32, BLOCK_T, HALF)), 2 * HALF, BLOCK_T))",
+       "ps = _hi_lo_cols(_fragment_rows(ps32, BLOCK_T, HALF), BLOCK_T, HALF)",
        "ps = _hi_lo_cols(ps32, BLOCK_T, HALF)",
        "V product pairs the softmax weights with V codes in the wrong token order",
        f"{FUSED}::test_seed_case", "triton"),

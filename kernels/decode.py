@@ -343,10 +343,10 @@ def _cols2(x, HALF: tl.constexpr):
 
 
 @triton.jit
-def _fragment_tokens(x, ROWS: tl.constexpr, T: tl.constexpr):
-    """[ROWS, T] -> [ROWS, T] with token 16 i + 8 h + 2 c + p moved to 16 i + 4 c + 2 h + p: the
+def _fragment_rows(x, T: tl.constexpr, C: tl.constexpr):
+    """[T, C] -> [T, C] with row (token) 16 i + 8 h + 2 c + p moved to 16 i + 4 c + 2 h + p: the
     order of kernels.paged's V tiles (kernel_token_order)."""
-    return tl.reshape(tl.permute(tl.reshape(x, [ROWS, T // 16, 2, 4, 2]), (0, 1, 3, 2, 4)), [ROWS, T])
+    return tl.reshape(tl.permute(tl.reshape(x, [T // 16, 2, 4, 2, C]), (0, 2, 1, 3, 4)), [T, C])
 
 
 @triton.jit
@@ -356,10 +356,10 @@ def _v_group(acc, zacc, p, alpha, v, s, z, HALF: tl.constexpr, BLOCK_T: tl.const
     acc [G, 2 HALF] += (held code) @ [hi, lo](p * s); zacc [HALF] += sum over the tile's tokens
     of (p * s) * z (2^24 acc - zacc is the dequantized product). s and z are fp32 [T], s with the
     class factors folded in and z divided by them; v [G, T] holds its tokens in kernels.paged's
-    V tile order (_fragment_tokens).
+    V tile order (_fragment_rows).
     """
     ps32 = p * s[:, None]
-    ps = tl.trans(_fragment_tokens(tl.trans(_hi_lo_cols(ps32, BLOCK_T, HALF)), 2 * HALF, BLOCK_T))
+    ps = _hi_lo_cols(_fragment_rows(ps32, BLOCK_T, HALF), BLOCK_T, HALF)
     acc = tl.dot(v, ps, acc * _cols2(alpha, HALF)[None, :])
     zacc = zacc * alpha + tl.sum(ps32 * z[:, None], 0)
     return acc, zacc
