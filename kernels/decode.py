@@ -38,8 +38,9 @@ Triton path, two kernels:
    normalized partial output and its log-sum-exp (base 2).
 2. ``_decode_merge_kernel``, grid ``(Hq, B)``: merges the partials by log-sum-exp.
 
-The number of splits comes from the shape (split_count): one wave of programs, every one
-resident from the start, while its splits stay within MAX_SPLIT_TILES tiles, else whole waves.
+The number of splits comes from the shape (split_count): one wave of split programs, every one
+resident from the start, while its splits stay within MAX_SPLIT_TILES tiles, else whole waves
+(the residual-window programs, one per sequence and kv head and short, come on top).
 References: :func:`reference_decode` (float64 on the dequantized cache; the kernel
 error alone) and :func:`attention_reference` (any K/V, e.g. the original fp16 K/V
 for the quantization error).
@@ -170,12 +171,9 @@ def _three_bit_pairs(w0, w1, w2):
 
 
 @triton.jit
-def _unpack_group(w0, w1, w2, w3, NRG: tl.constexpr, BITS: tl.constexpr, T: tl.constexpr,
-                  INTERPRET: tl.constexpr):
-    """Planes uint32 [T, NRG] -> fp16 [T, NRG * 32] holding code * 2^-24 (3 bits: code * 2^-24 or
-    code * 2^-21 by class, _three_bit_pairs): fp16 subnormals whose bit patterns are the
-    masked fields, two per 32-bit register as the tensor cores take them.
-    Twin of kernels.paged.unpack_group; every step stays in registers."""
+def _code_pairs(w0, w1, w2, w3, BITS: tl.constexpr):
+    """Planes uint32 [T, NRG] -> uint32 [T, NRG, 2, 2, 2, 2]: each group's 16 registers of two
+    masked code fields (_unpack_group), register r of a group at index bits (r3, r2, r1, r0)."""
     if BITS == 2:
         F: tl.constexpr = 0x00030003
         pairs = tl.join(tl.join(_join4(w0, 0, 2, F), _join4(w0, 8, 2, F)),
@@ -186,7 +184,17 @@ def _unpack_group(w0, w1, w2, w3, NRG: tl.constexpr, BITS: tl.constexpr, T: tl.c
         F4: tl.constexpr = 0x000F000F
         pairs = tl.join(tl.join(_join4(w0, 0, 4, F4), _join4(w1, 0, 4, F4)),
                         tl.join(_join4(w2, 0, 4, F4), _join4(w3, 0, 4, F4)))
-    return tl.reshape(_fp16_pairs(pairs, INTERPRET), [T, NRG * 32])
+    return pairs
+
+
+@triton.jit
+def _unpack_group(w0, w1, w2, w3, NRG: tl.constexpr, BITS: tl.constexpr, T: tl.constexpr,
+                  INTERPRET: tl.constexpr):
+    """Planes uint32 [T, NRG] -> fp16 [T, NRG * 32] holding code * 2^-24 (3 bits: code * 2^-24 or
+    code * 2^-21 by class, _three_bit_pairs): fp16 subnormals whose bit patterns are the
+    masked fields, two per 32-bit register as the tensor cores take them.
+    Twin of kernels.paged.unpack_group; every step stays in registers."""
+    return tl.reshape(_fp16_pairs(_code_pairs(w0, w1, w2, w3, BITS), INTERPRET), [T, NRG * 32])
 
 
 @triton.jit
@@ -252,17 +260,22 @@ def _load_words(ptr, NRG: tl.constexpr, T: tl.constexpr, BITS: tl.constexpr):
 
 
 @triton.jit
+def _place_values(vals, N: tl.constexpr, K: tl.constexpr, WARPS: tl.constexpr):
+    """Per-thread values fp16 [T, N * K / T] of an [N, K] tile -> fp16 [N, K], already in the
+    register layout of a tensor-core operand (kernels.paged: reshape, permute, reshape)."""
+    vals = tl.reshape(vals, [8 * WARPS, 4, N // (8 * WARPS), K // 16, 4])
+    return tl.reshape(tl.permute(vals, (2, 0, 3, 1, 4)), [N, K])
+
+
+@triton.jit
 def _place_codes(w0, w1, w2, w3, N: tl.constexpr, K: tl.constexpr, BITS: tl.constexpr,
                  WARPS: tl.constexpr, INTERPRET: tl.constexpr):
     """Planes uint32 [T, NRG] of an [N, K] tile -> fp16 [N, K] holding the codes as exact
     subnormals (_unpack_group: code * 2^-24, and for 3 bits code * 2^-21 where bit 1 of the K
-    index is set, _class_factors), already in the register layout of a tensor-core operand
-    (kernels.paged: reshape, permute, reshape)."""
+    index is set, _class_factors), in operand layout (_place_values)."""
     T: tl.constexpr = 32 * WARPS
     NRG: tl.constexpr = N * K // (T * 32)
-    vals = tl.reshape(_unpack_group(w0, w1, w2, w3, NRG, BITS, T, INTERPRET),
-                      [8 * WARPS, 4, N // (8 * WARPS), K // 16, 4])
-    return tl.reshape(tl.permute(vals, (2, 0, 3, 1, 4)), [N, K])
+    return _place_values(_unpack_group(w0, w1, w2, w3, NRG, BITS, T, INTERPRET), N, K, WARPS)
 
 
 @triton.jit
@@ -283,18 +296,26 @@ def _word_halves(w, T: tl.constexpr, NRG: tl.constexpr):
 @triton.jit
 def _load_tile_halves(ptr, N: tl.constexpr, K: tl.constexpr, BITS: tl.constexpr, WARPS: tl.constexpr,
                       INTERPRET: tl.constexpr):
-    """Rows [0, N/2) and [N/2, N) of _load_tile, each fp16 [N / 2, K]: the first and the last half
-    of each thread's groups (the top bit of a group's place is the top bit of its rows), split
-    as words, so each half is unpacked straight into its own operand layout."""
+    """Rows [0, N/2) and [N/2, N) of _load_tile, each fp16 [N / 2, K]. The top bit of a row is the
+    top bit of the thread's value index (_place_values): with several groups per thread the
+    first and the last half of its groups, split as words; with one group, its registers 0-7
+    and 8-15 (index bit r3 of _code_pairs), split as registers. Either way each half is unpacked
+    straight into its own operand layout (no 16-bit halves to regroup)."""
     T: tl.constexpr = 32 * WARPS
     NRG: tl.constexpr = N * K // (T * 32)
     w0, w1, w2, w3 = _load_words(ptr, NRG, T, BITS)
-    a0, b0 = _word_halves(w0, T, NRG)
-    a1, b1 = _word_halves(w1, T, NRG)
-    a2, b2 = _word_halves(w2, T, NRG)
-    a3, b3 = _word_halves(w3, T, NRG)
-    return (_place_codes(a0, a1, a2, a3, N // 2, K, BITS, WARPS, INTERPRET),
-            _place_codes(b0, b1, b2, b3, N // 2, K, BITS, WARPS, INTERPRET))
+    if NRG == 1:
+        lo, hi = tl.split(tl.permute(tl.reshape(_code_pairs(w0, w1, w2, w3, BITS), [T, 2, 8]), (0, 2, 1)))
+        first = _place_values(tl.reshape(_fp16_pairs(lo, INTERPRET), [T, 16]), N // 2, K, WARPS)
+        last = _place_values(tl.reshape(_fp16_pairs(hi, INTERPRET), [T, 16]), N // 2, K, WARPS)
+    else:
+        a0, b0 = _word_halves(w0, T, NRG)
+        a1, b1 = _word_halves(w1, T, NRG)
+        a2, b2 = _word_halves(w2, T, NRG)
+        a3, b3 = _word_halves(w3, T, NRG)
+        first = _place_codes(a0, a1, a2, a3, N // 2, K, BITS, WARPS, INTERPRET)
+        last = _place_codes(b0, b1, b2, b3, N // 2, K, BITS, WARPS, INTERPRET)
+    return first, last
 
 
 @triton.jit
@@ -321,8 +342,9 @@ def _hi_lo_cols(x, T: tl.constexpr, HALF: tl.constexpr):
 @triton.jit
 def _fold_k_scales(q32, ks, kz, HALF: tl.constexpr, D: tl.constexpr):
     """K scales [D] folded into q: (fp16 [D, 2 HALF], columns hi(q*s) and lo(q*s) of each head in
-    turn, bias [HALF] = (q*s) . zero). q32 is [1, D] for one query head per kv head (its fold
-    repeated in every column pair) or [HALF, D], one head per row."""
+    turn, bias [HALF] = (q*s) . zero). q32 is [1, D] for one query head per kv head (hi and lo in
+    columns 0 and 1, zeros in the others; every bias entry repeats its bias) or [HALF, D], one
+    head per row."""
     x = q32 * ks[None, :]
     hi = x.to(tl.float16)
     lo = (x - hi.to(tl.float32)).to(tl.float16)
@@ -682,7 +704,8 @@ MIN_DOT_COLUMNS = _min_dot_columns()
 
 def mma_columns(group: int) -> int:
     """N of both tensor-core products: each of the group's query heads twice (hi and lo columns),
-    padded by repeating heads to a power of two of at least MIN_DOT_COLUMNS."""
+    at least MIN_DOT_COLUMNS and a power of two: GQA pads by repeating heads, one query head by
+    zero columns."""
     return max(MIN_DOT_COLUMNS, 2 * triton.next_power_of_2(group))
 
 
@@ -699,10 +722,11 @@ def resident_programs(warps: int) -> int:
 
 def split_count(pairs: int, tiles: int, slots: int) -> int:
     """Splits per (sequence, kv head) for ``pairs`` of them with ``tiles`` tiles each, on a GPU
-    holding ``slots`` programs at once: one wave (every program resident from the start) while
-    its splits stay within MAX_SPLIT_TILES tiles, else the fewest whole waves whose splits do.
-    Whole waves: the programs never exceed a multiple of the slots by a few, which would leave
-    those few running alone at the end."""
+    holding ``slots`` programs at once: one wave (every split program resident from the start)
+    while its splits stay within MAX_SPLIT_TILES tiles, else the fewest whole waves whose splits
+    do. Whole waves: the split programs never exceed a multiple of the slots by a few, which
+    would leave those few running alone at the end (the short residual-window programs, one per
+    pair, are not counted)."""
     shortest = -(-tiles // MAX_SPLIT_TILES)  # fewest splits that keep each within the limit
     one_wave = slots // pairs
     if one_wave >= shortest:
@@ -916,7 +940,7 @@ def _aot_specs() -> list[AotSpec]:
     specs = [split_spec(**case) for case in (  # one per structurally different kernel
         {}, {"group": 8}, {"d": 64}, {"d": 256, "g": 128}, {"bits": 2}, {"bits": 4}, {"d": 64, "g": 32},
         {"dtype": "bf16", "group": 4}, {"tile": 64, "warps": 2}, {"tile": 64, "warps": 4},
-        {"tile": 16, "warps": 1},
+        {"tile": 16, "warps": 1}, {"d": 64, "g": 32, "tile": 16, "warps": 1},
     )]
     for dtype in ("fp16", "bf16"):
         specs.append(AotSpec(

@@ -253,6 +253,16 @@ def test_other_layouts(record, device, tile, warps):
     run_checked(record, q, decode_view(cache, tile=tile, warps=warps))
 
 
+@pytest.mark.parametrize("dim, group_size, tile, warps", [(64, 32, 16, 1), (128, 64, 16, 2), (64, 32, 32, 2)])
+def test_two_v_groups_in_one_group_per_thread(record, device, dim, group_size, tile, warps):
+    """Arrangements in which each thread holds one group of a V tile that spans two V scale
+    groups: the kernel splits the group's registers between the two channel groups."""
+    k, v = random_kv(1, 2, 2 * group_size + 7, dim, device=device, seed=175 + tile + warps)
+    q = random_q(1, 2, dim, device=device, seed=176)
+    cache = _cache(k, v, group_size=group_size)
+    run_checked(record, q, decode_view(cache, tile=tile, warps=warps), original=(k, v))
+
+
 def test_strided_q_and_out(record, device):
     """q and out that are views with a non-unit stride along D give the contiguous result."""
     k, v = random_kv(1, 2, 100, 64, device=device, seed=180)

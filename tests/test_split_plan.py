@@ -1,4 +1,5 @@
-"""The fused decode's split rule (kernels.decode.split_count / split_plan), host arithmetic only."""
+"""The fused decode's split rule (kernels.decode.split_count through split_plan), host arithmetic
+only: the GPU's SM count is stubbed, nothing runs on a device."""
 
 from __future__ import annotations
 
@@ -9,24 +10,26 @@ import torch
 
 from kernels import decode
 
-SLOTS = (12 * 132, 8 * 132, 12 * 108, 6 * 16)  # H200 one-warp tiles at 168 and 255 registers, A100, small
+CUDA = torch.device("cuda")  # only its type is read: split_plan takes the GPU branch
+SMS = (132, 108, 16)  # H200, A100, a small part
 
 
-def _planned(pairs: int, tiles: int, slots: int) -> tuple[int, int]:
-    splits = max(1, min(tiles, decode.split_count(pairs, tiles, slots)))
-    per = -(-tiles // splits)
-    return -(-tiles // per), per
+def _plan(monkeypatch, sms: int, pairs: int, tiles: int, warps: int = 1, registers=168) -> tuple[int, int]:
+    monkeypatch.setattr(decode, "sm_count", lambda device: sms)
+    monkeypatch.setattr(decode, "MAX_REGISTERS", registers)
+    monkeypatch.setattr(decode, "SPLIT_PROGRAMS_PER_SM", None)
+    return decode.split_plan(pairs, 1, 64 * tiles, 64, CUDA, warps=warps)
 
 
-@pytest.mark.parametrize("slots", SLOTS)
-def test_splits_stay_short_and_fill_whole_waves(slots):
-    checked = multi = 0
+@pytest.mark.parametrize("sms", SMS)
+@pytest.mark.parametrize("registers", [168, None])
+def test_splits_cover_the_tiles_stay_short_and_fill_whole_waves(monkeypatch, sms, registers):
+    slots = (12 if registers == 168 else 8) * sms  # one-warp programs resident per SM, times SMs
+    multi = 0
     for pairs, tiles in itertools.product((1, 3, 8, 32, 64, 97, 1024, 5000), (1, 2, 7, 64, 511, 512, 2048, 9999)):
-        splits, per = _planned(pairs, tiles, slots)
-        checked += 1
-        # every tile in exactly one split, none empty
-        assert (splits - 1) * per < tiles <= splits * per, (pairs, tiles, splits, per)
-        # no split longer than the limit unless each already holds one tile
+        splits, per = _plan(monkeypatch, sms, pairs, tiles, registers=registers)
+        covered = [min(tiles, (s + 1) * per) - s * per for s in range(splits)]
+        assert sum(covered) == tiles and min(covered) >= 1, (pairs, tiles, splits, per)
         assert per <= decode.MAX_SPLIT_TILES or splits == tiles, (pairs, tiles, splits, per)
         programs = pairs * splits
         waves = -(-programs // slots)
@@ -35,26 +38,33 @@ def test_splits_stay_short_and_fill_whole_waves(slots):
             # wave of a few programs running alone)
             assert 4 * programs >= 3 * waves * slots, (pairs, tiles, splits, programs)
             multi += 1
-    assert checked == 64 and multi > 0
+        if slots // pairs >= -(-tiles // decode.MAX_SPLIT_TILES):
+            # short enough splits fit in one wave: the plan takes one wave
+            assert programs <= slots, (pairs, tiles, splits, programs)
+    assert multi > 0
 
 
-def test_one_wave_when_it_keeps_splits_short():
-    slots = 12 * 132
-    assert decode.split_count(32, 512, slots) == 49  # B1 H32 S32K: 47 splits of 11 tiles, one wave
-    assert _planned(32, 512, slots) == (47, 11)
-    assert _planned(64, 512, slots) == (24, 22)  # GQA B8 Hkv8 S32K: one wave
-    assert _planned(32, 2048, slots) == (98, 21)  # S128K: one wave would need 42-tile splits; two waves
-    assert _planned(1024, 128, slots) == (6, 22)  # B32 S8K: 3.9 waves
-    assert _planned(32, 1, slots) == (1, 1)
+def test_h200_plans(monkeypatch):
+    assert _plan(monkeypatch, 132, 32, 512) == (47, 11)  # B1 H32 S32K: one wave
+    assert _plan(monkeypatch, 132, 64, 512) == (24, 22)  # GQA B8 Hkv8 S32K: one wave
+    assert _plan(monkeypatch, 132, 32, 2048) == (98, 21)  # S128K: one wave would need 42-tile splits
+    assert _plan(monkeypatch, 132, 1024, 128) == (6, 22)  # B32 S8K: 3.9 waves
+    assert _plan(monkeypatch, 132, 32, 1) == (1, 1)
+    assert _plan(monkeypatch, 132, 32, 512, warps=2) == (24, 22)  # two-warp programs: half the slots
 
 
-def test_split_plan_uses_the_rule_and_honours_an_explicit_count():
-    cpu = torch.device("cpu")
-    assert decode.split_plan(1, 2, 0, 64, cpu) == (0, 1)
-    assert decode.split_plan(1, 2, 64 * 10, 64, cpu, num_splits=3) == (3, 4)
-    assert decode.split_plan(1, 2, 64 * 10, 64, cpu, num_splits=99) == (10, 1)
-    splits, per = decode.split_plan(1, 1, 64 * 10, 64, cpu)  # the interpreter: a few programs
-    assert splits * per >= 10 and splits <= 4
+def test_fixed_target_and_explicit_counts(monkeypatch):
+    monkeypatch.setattr(decode, "sm_count", lambda device: 132)
+    monkeypatch.setattr(decode, "SPLIT_PROGRAMS_PER_SM", 24)
+    assert decode.split_plan(32, 1, 64 * 2048, 64, CUDA) == (98, 21)  # ceil(24 * 132 / 32) = 99 asked
+    assert decode.split_plan(1, 2, 64 * 10, 64, CUDA, num_splits=3) == (3, 4)
+    assert decode.split_plan(1, 2, 64 * 10, 64, CUDA, num_splits=99) == (10, 1)
+    assert decode.split_plan(1, 2, 0, 64, CUDA) == (0, 1)
+
+
+def test_interpreter_runs_a_few_programs():
+    splits, per = decode.split_plan(1, 1, 64 * 10, 64, torch.device("cpu"))
+    assert (splits, per) == (4, 3)
 
 
 def test_resident_programs_follow_the_register_cap(monkeypatch):
