@@ -173,7 +173,10 @@ def _three_bit_pairs(w0, w1, w2):
 @triton.jit
 def _code_pairs(w0, w1, w2, w3, BITS: tl.constexpr):
     """Planes uint32 [T, NRG] -> uint32 [T, NRG, 2, 2, 2, 2]: each group's 16 registers of two
-    masked code fields (_unpack_group), register r of a group at index bits (r3, r2, r1, r0)."""
+    masked code fields, register r of a group at index bits (r3, r2, r1, r0). Read as two fp16
+    numbers (_place_pairs) a register holds code * 2^-24 (3 bits: code * 2^-24 or code * 2^-21
+    by class, _three_bit_pairs), fp16 subnormals whose bit patterns are the masked fields, as the
+    tensor cores take them. Twin of kernels.paged.unpack_group; every step stays in registers."""
     if BITS == 2:
         F: tl.constexpr = 0x00030003
         pairs = tl.join(tl.join(_join4(w0, 0, 2, F), _join4(w0, 8, 2, F)),
@@ -185,16 +188,6 @@ def _code_pairs(w0, w1, w2, w3, BITS: tl.constexpr):
         pairs = tl.join(tl.join(_join4(w0, 0, 4, F4), _join4(w1, 0, 4, F4)),
                         tl.join(_join4(w2, 0, 4, F4), _join4(w3, 0, 4, F4)))
     return pairs
-
-
-@triton.jit
-def _unpack_group(w0, w1, w2, w3, NRG: tl.constexpr, BITS: tl.constexpr, T: tl.constexpr,
-                  INTERPRET: tl.constexpr):
-    """Planes uint32 [T, NRG] -> fp16 [T, NRG * 32] holding code * 2^-24 (3 bits: code * 2^-24 or
-    code * 2^-21 by class, _three_bit_pairs): fp16 subnormals whose bit patterns are the
-    masked fields, two per 32-bit register as the tensor cores take them.
-    Twin of kernels.paged.unpack_group; every step stays in registers."""
-    return tl.reshape(_fp16_pairs(_code_pairs(w0, w1, w2, w3, BITS), INTERPRET), [T, NRG * 32])
 
 
 @triton.jit
@@ -260,31 +253,22 @@ def _load_words(ptr, NRG: tl.constexpr, T: tl.constexpr, BITS: tl.constexpr):
 
 
 @triton.jit
-def _place_values(vals, N: tl.constexpr, K: tl.constexpr, WARPS: tl.constexpr):
-    """Per-thread values fp16 [T, N * K / T] of an [N, K] tile -> fp16 [N, K], already in the
-    register layout of a tensor-core operand (kernels.paged: reshape, permute, reshape)."""
-    vals = tl.reshape(vals, [8 * WARPS, 4, N // (8 * WARPS), K // 16, 4])
+def _place_pairs(pairs, N: tl.constexpr, K: tl.constexpr, WARPS: tl.constexpr, INTERPRET: tl.constexpr):
+    """Per-thread code registers uint32 [T, ...] (_code_pairs, in value order) of an [N, K] tile
+    -> fp16 [N, K] holding the codes as exact subnormals (code * 2^-24, and for 3 bits
+    code * 2^-21 where bit 1 of the K index is set, _class_factors), already in the register
+    layout of a tensor-core operand (kernels.paged: reshape, permute, reshape)."""
+    vals = tl.reshape(_fp16_pairs(pairs, INTERPRET), [8 * WARPS, 4, N // (8 * WARPS), K // 16, 4])
     return tl.reshape(tl.permute(vals, (2, 0, 3, 1, 4)), [N, K])
-
-
-@triton.jit
-def _place_codes(w0, w1, w2, w3, N: tl.constexpr, K: tl.constexpr, BITS: tl.constexpr,
-                 WARPS: tl.constexpr, INTERPRET: tl.constexpr):
-    """Planes uint32 [T, NRG] of an [N, K] tile -> fp16 [N, K] holding the codes as exact
-    subnormals (_unpack_group: code * 2^-24, and for 3 bits code * 2^-21 where bit 1 of the K
-    index is set, _class_factors), in operand layout (_place_values)."""
-    T: tl.constexpr = 32 * WARPS
-    NRG: tl.constexpr = N * K // (T * 32)
-    return _place_values(_unpack_group(w0, w1, w2, w3, NRG, BITS, T, INTERPRET), N, K, WARPS)
 
 
 @triton.jit
 def _load_tile(ptr, N: tl.constexpr, K: tl.constexpr, BITS: tl.constexpr, WARPS: tl.constexpr,
                INTERPRET: tl.constexpr):
-    """Decode-arranged words of one tile -> fp16 [N, K] held codes (_place_codes)."""
+    """Decode-arranged words of one tile -> fp16 [N, K] held codes (_place_pairs)."""
     NRG: tl.constexpr = N * K // (32 * WARPS * 32)
     w0, w1, w2, w3 = _load_words(ptr, NRG, 32 * WARPS, BITS)
-    return _place_codes(w0, w1, w2, w3, N, K, BITS, WARPS, INTERPRET)
+    return _place_pairs(_code_pairs(w0, w1, w2, w3, BITS), N, K, WARPS, INTERPRET)
 
 
 @triton.jit
@@ -297,7 +281,7 @@ def _word_halves(w, T: tl.constexpr, NRG: tl.constexpr):
 def _load_tile_halves(ptr, N: tl.constexpr, K: tl.constexpr, BITS: tl.constexpr, WARPS: tl.constexpr,
                       INTERPRET: tl.constexpr):
     """Rows [0, N/2) and [N/2, N) of _load_tile, each fp16 [N / 2, K]. The top bit of a row is the
-    top bit of the thread's value index (_place_values): with several groups per thread the
+    top bit of the thread's value index (_place_pairs): with several groups per thread the
     first and the last half of its groups, split as words; with one group, its registers 0-7
     and 8-15 (index bit r3 of _code_pairs), split as registers. Either way each half is unpacked
     straight into its own operand layout (no 16-bit halves to regroup)."""
@@ -306,15 +290,15 @@ def _load_tile_halves(ptr, N: tl.constexpr, K: tl.constexpr, BITS: tl.constexpr,
     w0, w1, w2, w3 = _load_words(ptr, NRG, T, BITS)
     if NRG == 1:
         lo, hi = tl.split(tl.permute(tl.reshape(_code_pairs(w0, w1, w2, w3, BITS), [T, 2, 8]), (0, 2, 1)))
-        first = _place_values(tl.reshape(_fp16_pairs(lo, INTERPRET), [T, 16]), N // 2, K, WARPS)
-        last = _place_values(tl.reshape(_fp16_pairs(hi, INTERPRET), [T, 16]), N // 2, K, WARPS)
+        first = _place_pairs(lo, N // 2, K, WARPS, INTERPRET)
+        last = _place_pairs(hi, N // 2, K, WARPS, INTERPRET)
     else:
         a0, b0 = _word_halves(w0, T, NRG)
         a1, b1 = _word_halves(w1, T, NRG)
         a2, b2 = _word_halves(w2, T, NRG)
         a3, b3 = _word_halves(w3, T, NRG)
-        first = _place_codes(a0, a1, a2, a3, N // 2, K, BITS, WARPS, INTERPRET)
-        last = _place_codes(b0, b1, b2, b3, N // 2, K, BITS, WARPS, INTERPRET)
+        first = _place_pairs(_code_pairs(a0, a1, a2, a3, BITS), N // 2, K, WARPS, INTERPRET)
+        last = _place_pairs(_code_pairs(b0, b1, b2, b3, BITS), N // 2, K, WARPS, INTERPRET)
     return first, last
 
 
@@ -349,13 +333,12 @@ def _fold_k_scales(q32, ks, kz, HALF: tl.constexpr, D: tl.constexpr):
     hi = x.to(tl.float16)
     lo = (x - hi.to(tl.float32)).to(tl.float16)
     bias = tl.sum((hi.to(tl.float32) + lo.to(tl.float32)) * kz[None, :], 1)
-    qs = tl.reshape(tl.permute(tl.join(hi, lo), (1, 0, 2)), [D, 2 * x.shape[0]])
     if x.shape[0] == 1:
         col = tl.arange(0, 2 * HALF)[None, :]
         qs = tl.where(col == 0, tl.reshape(hi, [D, 1]), tl.where(col == 1, tl.reshape(lo, [D, 1]), 0.0).to(tl.float16))
         return qs, tl.zeros([HALF], tl.float32) + bias
     else:
-        return qs, bias
+        return tl.reshape(tl.permute(tl.join(hi, lo), (1, 0, 2)), [D, 2 * HALF]), bias
 
 
 @triton.jit

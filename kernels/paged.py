@@ -115,7 +115,7 @@ def three_bit_classes(w0, w1, w2) -> tuple[list[torch.Tensor], list[torch.Tensor
 
 def unpack_group(planes: list[torch.Tensor], bits: int) -> torch.Tensor:
     """The kernel's in-register unpacking, in torch: ``bits`` int64 word tensors [X]
-    (values in [0, 2^32)) -> codes [X, 32]. Mirrors ``kernels.decode._unpack_group``; for 3 bits,
+    (values in [0, 2^32)) -> codes [X, 32]. Mirrors ``kernels.decode._code_pairs``; for 3 bits,
     values whose index has bit 1 set are the pairs the kernel holds as code * 8."""
     if bits == 2:
         f = 0x00030003
