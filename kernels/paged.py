@@ -21,17 +21,17 @@ shuffles between the load and the dot. Two ideas:
   (``w & 0x00380038``, code * 8), 26 machine instructions per 32 values
   (:func:`three_bit_classes`); the class is bit 1 of the value index in the group.
 * fragments: a tile is a matrix [N, K] (K: the reduction axis of its product; K
-  tiles are [t tokens, D], V tiles [D, t tokens]). In the B-operand layout of an
-  m16n8k16 MMA with the warps along N, thread
+  tiles are [t tokens, D], V tiles [D, t tokens]; the kernel takes N as the rows of the
+  A operand, which holds per thread the same elements as this B-operand layout). In the
+  B-operand layout of an m16n8k16 MMA with the warps along N, thread
   ``T = k2 + 2 k3 + 4 n0 + 8 n1 + 16 n2 + 32 n3 + 64 n4`` (bits of the row n and column
   k; as many n bits above n2 as there are warp bits) holds the
   K*N/(32*warps) values whose remaining bits vary; these are its groups of 32. In the
   kernel this is a reshape of the unpacked [T, groups * 32] tensor to
   [8*warps, 4, N/(8*warps), K/16, 4], a permutation (2, 0, 3, 1, 4) and a reshape to
   [N, K] (:func:`unpack_tile`, the kernel's twin in torch). A V tile's reduction axis holds
-  its tokens in :func:`kernel_token_order` (a permutation inside each 16), the order in which
-  the kernel's softmax weights, as its logits product leaves them in registers, already form
-  the A operand of the V product.
+  its tokens in :func:`kernel_token_order` (a permutation inside each 16), the order into
+  which the kernel permutes its softmax weights on their way to the V product.
 
 Words of one tile are stored ``[plane, run, thread, word]``: a thread's groups of one plane,
 in the order its operand fragment takes them, lie in runs of :func:`run_length` (up to 4)
