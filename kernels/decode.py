@@ -25,11 +25,13 @@ Triton path, two kernels:
    (q per channel, p per token) where they are code * 2^-21 makes them all count as
    code * 2^-24 (_class_factors; the operands only shrink, so their fp16 range is that of
    q * s and p * s). Scales never touch the codes: K scales are folded into q per tile
-   (on the one query row when Hq = Hkv) and V scales into p per channel group (each group's
-   codes unpacked from its own words, _load_tile_halves); zero points become a rank-1
-   correction (one bias per head for K, a sum over the tokens for V, per channel group). The
-   rounding of q*s and p*s to fp16 is split into a hi and a lo column per head, so the
-   products carry about 22 bits (fewer once a low part falls below fp16's normal range,
+   (on the one query row when Hq = Hkv; for GQA on q held channel-major, a channel's heads in
+   neighbouring lanes, the order in which q*s's columns go to shared memory for the product:
+   a head-major q stored them with bank conflicts) and V scales into p per channel
+   group (each group's codes unpacked from its own words, _load_tile_halves); zero points
+   become a rank-1 correction (one bias per head for K, a sum over the tokens for V, per
+   channel group). The rounding of q*s and p*s to fp16 is split into a hi and a lo column per
+   head, so the products carry about 22 bits (fewer once a low part falls below fp16's normal range,
    3 bits sooner for the operands taken with 1/8). The softmax weights reach the V product
    through shared memory (the logits' accumulator fragment is not a B-operand fragment); V
    tiles keep their tokens in :func:`kernels.paged.kernel_token_order`. Only the sequence's
@@ -315,11 +317,17 @@ def _online_update(m, l, acc, qk, v, valid):
 
 
 @triton.jit
+def _hi_lo(x):
+    """fp32 x -> (fl16(x), fl16(x - fl16(x))): an fp16 pair whose sum carries about 22 bits."""
+    hi = x.to(tl.float16)
+    return hi, (x - hi.to(tl.float32)).to(tl.float16)
+
+
+@triton.jit
 def _hi_lo_cols(x, T: tl.constexpr, HALF: tl.constexpr):
     """fp32 [T, HALF] -> fp16 [T, 2 * HALF]: column 2 j holds fl16(x[:, j]), column 2 j + 1 the
     remainder fl16(x - fl16(x)); their sum carries about 22 bits."""
-    hi = x.to(tl.float16)
-    lo = (x - hi.to(tl.float32)).to(tl.float16)
+    hi, lo = _hi_lo(x)
     return tl.reshape(tl.join(hi, lo), [T, 2 * HALF])
 
 
@@ -327,18 +335,18 @@ def _hi_lo_cols(x, T: tl.constexpr, HALF: tl.constexpr):
 def _fold_k_scales(q32, ks, kz, HALF: tl.constexpr, D: tl.constexpr):
     """K scales [D] folded into q: (fp16 [D, 2 HALF], columns hi(q*s) and lo(q*s) of each head in
     turn, bias [HALF] = (q*s) . zero). q32 is [1, D] for one query head per kv head (hi and lo in
-    columns 0 and 1, zeros in the others; every bias entry repeats its bias) or [HALF, D], one
-    head per row."""
-    x = q32 * ks[None, :]
-    hi = x.to(tl.float16)
-    lo = (x - hi.to(tl.float32)).to(tl.float16)
-    bias = tl.sum((hi.to(tl.float32) + lo.to(tl.float32)) * kz[None, :], 1)
-    if x.shape[0] == 1:
+    columns 0 and 1, zeros in the others; every bias entry repeats its bias) or [D, HALF], one
+    head per column, whose hi and lo join into the columns where they are (no transpose)."""
+    if q32.shape[0] == 1:
+        hi, lo = _hi_lo(q32 * ks[None, :])
+        bias = tl.sum((hi.to(tl.float32) + lo.to(tl.float32)) * kz[None, :], 1)
         col = tl.arange(0, 2 * HALF)[None, :]
         qs = tl.where(col == 0, tl.reshape(hi, [D, 1]), tl.where(col == 1, tl.reshape(lo, [D, 1]), 0.0).to(tl.float16))
         return qs, tl.zeros([HALF], tl.float32) + bias
     else:
-        return tl.reshape(tl.permute(tl.join(hi, lo), (1, 0, 2)), [D, 2 * HALF]), bias
+        hi, lo = _hi_lo(q32 * ks[:, None])
+        bias = tl.sum((hi.to(tl.float32) + lo.to(tl.float32)) * kz[:, None], 0)
+        return tl.reshape(tl.join(hi, lo), [D, 2 * HALF]), bias
 
 
 @triton.jit
@@ -514,9 +522,17 @@ def _code_partial(
     HALF: tl.constexpr = COLS // 2
     G1: tl.constexpr = G if NGV == 2 else 16  # second channel group's accumulator (unused when NGV = 1)
     d = tl.arange(0, D)
-    rows = tl.arange(0, QROWS) % GROUP  # QROWS: 1 (one query head) or HALF (heads, padded by repeats)
-    q = tl.load(q_ptr + b * stride_qb + (h * GROUP + rows)[:, None] * stride_qh + d[None, :])
-    q32 = q.to(tl.float32) * qk_scale * _class_factors(d, BITS)[0][None, :]
+    if QROWS == 1:  # one query head: q32 [1, D]
+        q = tl.load(q_ptr + b * stride_qb + (h + tl.arange(0, 1))[:, None] * stride_qh + d[None, :])
+        q32 = q.to(tl.float32) * qk_scale * _class_factors(d, BITS)[0][None, :]
+    else:  # q32 [D, QROWS], one head per column (heads padded by repeats), from a channel-major
+        # load: a channel's heads sit in neighbouring lanes, the order in which the K product's
+        # q*s columns are stored to shared memory (from a head-major q those stores conflict)
+        flat = tl.arange(0, D * QROWS)
+        channel = flat // QROWS
+        head = (flat % QROWS) % GROUP
+        q = tl.load(q_ptr + b * stride_qb + (h * GROUP + head) * stride_qh + channel)
+        q32 = tl.reshape(q.to(tl.float32) * qk_scale * _class_factors(channel, BITS)[0], [D, QROWS])
     cache = _cache_tuple(kw_ptr, stride_kw_p, stride_kw_h, stride_kw_t, ks_ptr, kz_ptr, stride_ks_p, stride_ks_h,
                          stride_ks_g, vw_ptr, stride_vw_p, stride_vw_h, stride_vw_t, vs_ptr, vz_ptr, stride_vs_p,
                          stride_vs_h, stride_vs_t, bt_ptr, stride_bt_b, page_size)
