@@ -709,8 +709,9 @@ def mma_columns(group: int) -> int:
 
 
 def fold_rows(group: int) -> int:
-    """Rows of q the per-tile K-scale folding runs on (_fold_k_scales): the one query head of
-    its kv head, or one row per head (padded by repeats) for GQA."""
+    """Query heads the per-tile K-scale folding runs on (_fold_k_scales): the one query head of
+    its kv head (q as a [1, D] row), or for GQA every head padded by repeats to the MMA's
+    columns (q as [D, heads], one head per column)."""
     return 1 if group == 1 else mma_columns(group) // 2
 
 
