@@ -25,7 +25,7 @@ Triton path, two kernels:
    (q per channel, p per token) where they are code * 2^-21 makes them all count as
    code * 2^-24 (_class_factors; the operands only shrink, so their fp16 range is that of
    q * s and p * s). Scales never touch the codes: K scales are folded into q per tile
-   (on the one query row when Hq = Hkv; for GQA on q held channel-major, a channel's heads in
+   (on the one query head when Hq = Hkv; q is held channel-major, a channel's heads in
    neighbouring lanes, the order in which q*s's columns go to shared memory for the product:
    a head-major q stored them with bank conflicts) and V scales into p per channel
    group (each group's codes unpacked from its own words, _load_tile_halves); zero points
@@ -333,19 +333,18 @@ def _hi_lo_cols(x, T: tl.constexpr, HALF: tl.constexpr):
 
 @triton.jit
 def _fold_k_scales(q32, ks, kz, HALF: tl.constexpr, D: tl.constexpr):
-    """K scales [D] folded into q: (fp16 [D, 2 HALF], columns hi(q*s) and lo(q*s) of each head in
-    turn, bias [HALF] = (q*s) . zero). q32 is [1, D] for one query head per kv head (hi and lo in
-    columns 0 and 1, zeros in the others; every bias entry repeats its bias) or [D, HALF], one
-    head per column, whose hi and lo join into the columns where they are (no transpose)."""
-    if q32.shape[0] == 1:
-        hi, lo = _hi_lo(q32 * ks[None, :])
-        bias = tl.sum((hi.to(tl.float32) + lo.to(tl.float32)) * kz[None, :], 1)
+    """K scales [D] folded into q32 [D, QROWS] (one query head per column): (fp16 [D, 2 HALF],
+    columns hi(q*s) and lo(q*s) of each head in turn, bias [HALF] = (q*s) . zero). With one query
+    head per kv head (QROWS = 1) its hi and lo fill columns 0 and 1, zeros the others, and every
+    bias entry repeats its bias; for GQA (QROWS = HALF) each head's hi and lo join into its two
+    columns where they are (no transpose)."""
+    hi, lo = _hi_lo(q32 * ks[:, None])
+    bias = tl.sum((hi.to(tl.float32) + lo.to(tl.float32)) * kz[:, None], 0)
+    if q32.shape[1] == 1:
         col = tl.arange(0, 2 * HALF)[None, :]
-        qs = tl.where(col == 0, tl.reshape(hi, [D, 1]), tl.where(col == 1, tl.reshape(lo, [D, 1]), 0.0).to(tl.float16))
+        qs = tl.where(col == 0, hi, tl.where(col == 1, lo, 0.0).to(tl.float16))
         return qs, tl.zeros([HALF], tl.float32) + bias
     else:
-        hi, lo = _hi_lo(q32 * ks[:, None])
-        bias = tl.sum((hi.to(tl.float32) + lo.to(tl.float32)) * kz[:, None], 0)
         return tl.reshape(tl.join(hi, lo), [D, 2 * HALF]), bias
 
 
@@ -521,18 +520,14 @@ def _code_partial(
     NGV: tl.constexpr = D // G
     HALF: tl.constexpr = COLS // 2
     G1: tl.constexpr = G if NGV == 2 else 16  # second channel group's accumulator (unused when NGV = 1)
-    d = tl.arange(0, D)
-    if QROWS == 1:  # one query head: q32 [1, D]
-        q = tl.load(q_ptr + b * stride_qb + (h + tl.arange(0, 1))[:, None] * stride_qh + d[None, :])
-        q32 = q.to(tl.float32) * qk_scale * _class_factors(d, BITS)[0][None, :]
-    else:  # q32 [D, QROWS], one head per column (heads padded by repeats), from a channel-major
-        # load: a channel's heads sit in neighbouring lanes, the order in which the K product's
-        # q*s columns are stored to shared memory (from a head-major q those stores conflict)
-        flat = tl.arange(0, D * QROWS)
-        channel = flat // QROWS
-        head = (flat % QROWS) % GROUP
-        q = tl.load(q_ptr + b * stride_qb + (h * GROUP + head) * stride_qh + channel)
-        q32 = tl.reshape(q.to(tl.float32) * qk_scale * _class_factors(channel, BITS)[0], [D, QROWS])
+    # q32 [D, QROWS], one head per column (heads padded by repeats), from a channel-major load:
+    # a channel's heads sit in neighbouring lanes, the order in which the K product's q*s columns
+    # are stored to shared memory (from a head-major q those stores conflict)
+    flat = tl.arange(0, D * QROWS)
+    channel = flat // QROWS
+    head = (flat % QROWS) % GROUP
+    q = tl.load(q_ptr + b * stride_qb + (h * GROUP + head) * stride_qh + channel)
+    q32 = tl.reshape(q.to(tl.float32) * qk_scale * _class_factors(channel, BITS)[0], [D, QROWS])
     cache = _cache_tuple(kw_ptr, stride_kw_p, stride_kw_h, stride_kw_t, ks_ptr, kz_ptr, stride_ks_p, stride_ks_h,
                          stride_ks_g, vw_ptr, stride_vw_p, stride_vw_h, stride_vw_t, vs_ptr, vz_ptr, stride_vs_p,
                          stride_vs_h, stride_vs_t, bt_ptr, stride_bt_b, page_size)
@@ -709,9 +704,8 @@ def mma_columns(group: int) -> int:
 
 
 def fold_rows(group: int) -> int:
-    """Query heads the per-tile K-scale folding runs on (_fold_k_scales): the one query head of
-    its kv head (q as a [1, D] row), or for GQA every head padded by repeats to the MMA's
-    columns (q as [D, heads], one head per column)."""
+    """Query heads the per-tile K-scale folding runs on (_fold_k_scales, q as [D, heads]): the one
+    query head of its kv head, or for GQA every head padded by repeats to the MMA's columns."""
     return 1 if group == 1 else mma_columns(group) // 2
 
 
