@@ -38,7 +38,8 @@ Triton path, two kernels:
    last code tile, which may end past the attended length, is masked (the loop over whole
    tiles has no token mask). The last program attends the fp residual window. Each writes a
    normalized partial output and its log-sum-exp (base 2).
-2. ``_decode_merge_kernel``, grid ``(Hq, B)``: merges the partials by log-sum-exp.
+2. ``_decode_merge_kernel``, grid ``(Hq, B, D / MERGE_COLUMNS)``: merges the partials by
+   log-sum-exp, one warp per 32 channels of a query head.
 
 The number of splits comes from the shape (split_count): one wave of split programs, every one
 resident from the start, while its splits stay within MAX_SPLIT_TILES tiles, else whole waves
@@ -83,6 +84,8 @@ MAX_SPLIT_TILES = 24  # the wave rule's longest split in tiles (H200: one wave o
 REGISTER_FILE = 65536  # 32-bit registers per SM (sm_80 and sm_90)
 NUM_STAGES = 2  # software-pipelining depth of the code-word loads (H200: 2 beats 3 and 4)
 MAX_REGISTERS = 168  # register cap per thread (H200: 168 beats the compiler's 255 and 128; None lifts it)
+MERGE_COLUMNS = 32  # channels per merge program (H200: 32 on one warp 1.7 us at 32K, 128 on four 3.7 us)
+MERGE_WARPS = 1
 LOG2E = 1.4426950408889634
 UNIT_INV = tl.constexpr(16777216.0)  # 2^24: the products count codes as code * 2^-24 (_class_factors)
 
@@ -650,16 +653,17 @@ def _decode_merge_kernel(
     mid_o_ptr, mid_lse_ptr, out_ptr,
     stride_mo_b, stride_mo_h, stride_mo_s, stride_ml_b, stride_ml_h, stride_ob, stride_oh,
     num_parts,
-    D: tl.constexpr, PARTS: tl.constexpr,
+    DM: tl.constexpr, PARTS: tl.constexpr,
 ):
-    """out[b, h] = sum_s 2^(lse_s - max) o_s / sum_s 2^(lse_s - max) over the splits.
+    """out[b, h, c] = sum_s 2^(lse_s - max) o_s / sum_s 2^(lse_s - max) over the splits, for the
+    DM channels c of program (h, b, j): [j DM, (j+1) DM).
 
     mid_o fp32 [B, Hq, parts, D], mid_lse fp32 [B, Hq, parts]; out [B, Hq, D] (q dtype).
     """
     h = tl.program_id(0)
     b = tl.program_id(1).to(tl.int64)
     s = tl.arange(0, PARTS)
-    d = tl.arange(0, D)
+    d = tl.program_id(2) * DM + tl.arange(0, DM)
     ok = s < num_parts
     lse = tl.load(mid_lse_ptr + b * stride_ml_b + h * stride_ml_h + s, mask=ok, other=float("-inf"))
     w = tl.exp2(lse - tl.max(lse, 0))
@@ -780,9 +784,10 @@ def _triton_decode(q, view: PagedQuantizedKV, lens, cache_lens, max_code_len, sm
         BLOCK_T=block_t, WARPS=view.warps, INTERPRET=triton_interpreted(),
         num_warps=view.warps, num_stages=NUM_STAGES, **({"maxnreg": MAX_REGISTERS} if MAX_REGISTERS else {}),
     )
-    _decode_merge_kernel[(hq, batch)](
+    dm = min(d, MERGE_COLUMNS)
+    _decode_merge_kernel[(hq, batch, d // dm)](
         mid_o, mid_lse, out, *mid_o.stride()[:3], *mid_lse.stride()[:2], out.stride(0), out.stride(1),
-        parts, D=d, PARTS=triton.next_power_of_2(parts), num_warps=4,
+        parts, DM=dm, PARTS=triton.next_power_of_2(parts), num_warps=MERGE_WARPS,
     )
     return out
 
@@ -938,11 +943,11 @@ def _aot_specs() -> list[AotSpec]:
     )]
     for dtype in ("fp16", "bf16"):
         specs.append(AotSpec(
-            f"decode_merge_{dtype}_d128", _decode_merge_kernel,
+            f"decode_merge_{dtype}_c{MERGE_COLUMNS}", _decode_merge_kernel,
             {"mid_o_ptr": "*fp32", "mid_lse_ptr": "*fp32", "out_ptr": f"*{dtype}", "stride_mo_b": "i32",
              "stride_mo_h": "i32", "stride_mo_s": "i32", "stride_ml_b": "i32", "stride_ml_h": "i32",
              "stride_ob": "i32", "stride_oh": "i32", "num_parts": "i32"},
-            {"D": 128, "PARTS": 32}, num_warps=4,
+            {"DM": MERGE_COLUMNS, "PARTS": 32}, num_warps=MERGE_WARPS,
         ))
     names = [spec.name for spec in specs]
     return [spec for i, spec in enumerate(specs) if spec.name not in names[:i]]
