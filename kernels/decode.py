@@ -19,10 +19,11 @@ Triton path, two kernels:
    :mod:`kernels.paged`) and turns two codes into the fp16 pair the tensor cores read with a
    mask (and a shift for fields higher up):
    ``w & 0x00070007`` read as two fp16 numbers is the subnormals code * 2^-24,
-   ``w & 0x00380038`` the subnormals code * 2^-21, exact, and the tensor cores multiply them
-   exactly (the power of two is applied to the fp32 results). For 3 bits half the codes come
-   out in each form, by bit 1 of their reduction index, and a factor 1/8 on the other operand
-   (q per channel, p per token) where they are code * 2^-21 makes them all count as
+   ``w & 0x00380038`` the subnormals code * 2^-21 and, with 64-token tiles,
+   ``w & 0x01C001C0`` code * 2^-18, exact, and the tensor cores multiply them exactly (the
+   power of two is applied to the fp32 results). For 3 bits the codes come out in these
+   classes by their reduction index (bit 1; class 2 where bits 4 and 5 are set), and a factor
+   1/8 or 1/64 on the other operand (q per channel, p per token) makes them all count as
    code * 2^-24 (_class_factors; the operands only shrink, so their fp16 range is that of
    q * s and p * s). Scales never touch the codes: K scales are folded into q per tile
    (on the one query head when Hq = Hkv; q is held channel-major, a channel's heads in
@@ -32,7 +33,7 @@ Triton path, two kernels:
    become a rank-1 correction (one bias per head for K, a sum over the tokens for V, per
    channel group). The rounding of q*s and p*s to fp16 is split into a hi and a lo column per
    head, so the products carry about 22 bits (fewer once a low part falls below fp16's normal range,
-   3 bits sooner for the operands taken with 1/8). The softmax weights reach the V product
+   3 and 6 bits sooner for the operands taken with 1/8 and 1/64). The softmax weights reach the V product
    through shared memory (the logits' accumulator fragment is not a B-operand fragment); V
    tiles keep their tokens in :func:`kernels.paged.kernel_token_order`. Only the sequence's
    last code tile, which may end past the attended length, is masked (the loop over whole
@@ -72,6 +73,7 @@ from .paged import (
     DECODE_BITS,
     DECODE_HEAD_DIMS,
     PagedQuantizedKV,
+    code_classes,
     decode_view,
     default_layout,
     paged_to_contiguous,
@@ -154,32 +156,45 @@ def _join8(a0, a1, a2, a3, a4, a5, a6, a7):
 
 
 @triton.jit
-def _three_bit_pairs(w0, w1, w2):
+def _three_bit_pairs(w0, w1, w2, CLASSES: tl.constexpr):
     """The 16 register pairs of a 3-bit group (twin: kernels.paged.three_bit_classes), joined last
-    by class: pairs of codes at bits 0-2 of their half-words (read as fp16, code * 2^-24), then
-    pairs of codes at bits 3-5 (code * 2^-21), each class taken with one AND per pair (after one
-    shift by 6, 9 or 12 for the fields higher up; the last pair gathers bit 15 of the three
-    planes): 26 machine instructions for 32 values (8 shifts, 18 LOP3, which fuse each OR with
-    an AND), 33 when every field was shifted down. The class is bit 1 of the value's index,
-    hence of its reduction index in the tile (_class_factors)."""
+    by bit 0 of the register index: pairs of codes at bits 0-2 of their half-words (read as fp16,
+    code * 2^-24), at bits 3-5 (code * 2^-21) and, with CLASSES = 3, at bits 6-8 (code * 2^-18),
+    each taken with one AND per pair after at most one shift (the last pair gathers bit 15 of the
+    three planes). Two classes: the fields at bits 6-14 come down by shifts of 6, 9 and 12, 26
+    machine instructions for 32 values (8 shifts, 18 LOP3, which fuse each OR with an AND), 33
+    when every field was shifted down; the class is bit 1 of the value's index, hence of its
+    reduction index in the tile. Three classes: one shift of 9 per plane, the fields at bits 6-8
+    read where they are, 23 instructions (5 shifts, 18 LOP3); the class is 2 where bits 2 and 3
+    of the value's index are set (_class_factors)."""
     LOW: tl.constexpr = 0x00070007
     HIGH: tl.constexpr = 0x00380038
-    w0s6 = w0 >> 6
-    w1s6 = w1 >> 6
-    w2s6 = w2 >> 6
-    w0s12 = w0 >> 12
-    w2s12 = w2 >> 12
-    w1s9 = w1 >> 9
-    top = (w0s12 & 0x00080008) | ((w1 >> 11) & 0x00100010) | ((w2 >> 10) & 0x00200020)
-    return tl.join(_join8(w0 & LOW, w1 & LOW, w2 & LOW, w0s6 & LOW, w1s6 & LOW, w2s6 & LOW, w0s12 & LOW, w2s12 & LOW),
-                   _join8(w0 & HIGH, w1 & HIGH, w2 & HIGH, w0s6 & HIGH, w1s6 & HIGH, w2s6 & HIGH, w1s9 & HIGH, top))
+    if CLASSES == 3:
+        TOP: tl.constexpr = 0x01C001C0
+        w0s9 = w0 >> 9
+        w1s9 = w1 >> 9
+        w2s9 = w2 >> 9
+        last = (w0s9 & 0x00400040) | ((w1 >> 8) & 0x00800080) | ((w2 >> 7) & 0x01000100)
+        evens = _join8(w0 & LOW, w1 & LOW, w2 & LOW, w0s9 & LOW, w1s9 & LOW, w2s9 & LOW, w0 & TOP, w1 & TOP)
+        odds = _join8(w0 & HIGH, w1 & HIGH, w2 & HIGH, w0s9 & HIGH, w1s9 & HIGH, w2s9 & HIGH, w2 & TOP, last)
+    else:
+        w0s6 = w0 >> 6
+        w1s6 = w1 >> 6
+        w2s6 = w2 >> 6
+        w0s12 = w0 >> 12
+        w2s12 = w2 >> 12
+        w1s9 = w1 >> 9
+        last = (w0s12 & 0x00080008) | ((w1 >> 11) & 0x00100010) | ((w2 >> 10) & 0x00200020)
+        evens = _join8(w0 & LOW, w1 & LOW, w2 & LOW, w0s6 & LOW, w1s6 & LOW, w2s6 & LOW, w0s12 & LOW, w2s12 & LOW)
+        odds = _join8(w0 & HIGH, w1 & HIGH, w2 & HIGH, w0s6 & HIGH, w1s6 & HIGH, w2s6 & HIGH, w1s9 & HIGH, last)
+    return tl.join(evens, odds)
 
 
 @triton.jit
-def _code_pairs(w0, w1, w2, w3, BITS: tl.constexpr):
+def _code_pairs(w0, w1, w2, w3, BITS: tl.constexpr, CLASSES: tl.constexpr):
     """Planes uint32 [T, NRG] -> uint32 [T, NRG, 2, 2, 2, 2]: each group's 16 registers of two
     masked code fields, register r of a group at index bits (r3, r2, r1, r0). Read as two fp16
-    numbers (_place_pairs) a register holds code * 2^-24 (3 bits: code * 2^-24 or code * 2^-21
+    numbers (_place_pairs) a register holds code * 2^-24 (3 bits: code * 2^-24, 2^-21 or 2^-18
     by class, _three_bit_pairs), fp16 subnormals whose bit patterns are the masked fields, as the
     tensor cores take them. Twin of kernels.paged.unpack_group; every step stays in registers."""
     if BITS == 2:
@@ -187,7 +202,7 @@ def _code_pairs(w0, w1, w2, w3, BITS: tl.constexpr):
         pairs = tl.join(tl.join(_join4(w0, 0, 2, F), _join4(w0, 8, 2, F)),
                         tl.join(_join4(w1, 0, 2, F), _join4(w1, 8, 2, F)))
     elif BITS == 3:
-        pairs = _three_bit_pairs(w0, w1, w2)
+        pairs = _three_bit_pairs(w0, w1, w2, CLASSES)
     else:
         F4: tl.constexpr = 0x000F000F
         pairs = tl.join(tl.join(_join4(w0, 0, 4, F4), _join4(w1, 0, 4, F4)),
@@ -196,18 +211,29 @@ def _code_pairs(w0, w1, w2, w3, BITS: tl.constexpr):
 
 
 @triton.jit
-def _class_factors(k, BITS: tl.constexpr):
+def _class_factors(k, BITS: tl.constexpr, CLASSES: tl.constexpr):
     """(factor, 1 / factor) fp32 for reduction indices k of a tile: the other operand's factor that
-    makes every code, as the kernel holds it, count as code * 2^-24: 1 where 3-bit codes are held
-    as code * 2^-24 (k bit 1 clear), 1/8 where they are held as code * 2^-21 (k bit 1 set), 1
-    throughout for 2 and 4 bits. A factor below 1 keeps every fp16 operand within the range it
-    had (q * s and p * s only shrink); the zero points take 1 / factor."""
+    makes every code, as the kernel holds it, count as code * 2^-24: for 3 bits 8^-class, the class
+    being bit 1 of k (codes held as code * 2^-24 or code * 2^-21), and with CLASSES = 3 class 2
+    (code * 2^-18) where bits 4 and 5 of k are set; 1 throughout for 2 and 4 bits. A factor below 1
+    keeps every fp16 operand within the range it had (q * s and p * s only shrink); the zero
+    points take 1 / factor."""
     if BITS == 3:
-        low = (k & 2) == 0
-        return tl.where(low, 1.0, 0.125), tl.where(low, 1.0, 8.0)
+        cls = (k >> 1) & 1
+        if CLASSES == 3:
+            cls = tl.where((k & 48) == 48, 2, cls)
+        return (tl.where(cls == 0, 1.0, tl.where(cls == 1, 0.125, 0.015625)),
+                tl.where(cls == 0, 1.0, tl.where(cls == 1, 8.0, 64.0)))
     else:
         one = (k * 0 + 1).to(tl.float32)
         return one, one
+
+
+@triton.jit
+def _v_index(t):
+    """The V product's reduction index of natural token t of a tile (the inverse of
+    kernels.paged.kernel_token_order: within each 16, token 8h + 2c + p at 4c + 2h + p)."""
+    return (t & ~15) | (((t >> 3) & 1) << 1) | (((t >> 1) & 3) << 2) | (t & 1)
 
 
 @triton.jit
@@ -261,19 +287,19 @@ def _load_words(ptr, NRG: tl.constexpr, T: tl.constexpr, BITS: tl.constexpr):
 def _place_pairs(pairs, N: tl.constexpr, K: tl.constexpr, WARPS: tl.constexpr, INTERPRET: tl.constexpr):
     """Per-thread code registers uint32 [T, ...] (_code_pairs, in value order) of an [N, K] tile
     -> fp16 [N, K] holding the codes as exact subnormals (code * 2^-24, and for 3 bits
-    code * 2^-21 where bit 1 of the K index is set, _class_factors), already in the register
+    code * 2^-21 or 2^-18 by the class of the K index, _class_factors), already in the register
     layout of a tensor-core operand (kernels.paged: reshape, permute, reshape)."""
     vals = tl.reshape(_fp16_pairs(pairs, INTERPRET), [8 * WARPS, 4, N // (8 * WARPS), K // 16, 4])
     return tl.reshape(tl.permute(vals, (2, 0, 3, 1, 4)), [N, K])
 
 
 @triton.jit
-def _load_tile(ptr, N: tl.constexpr, K: tl.constexpr, BITS: tl.constexpr, WARPS: tl.constexpr,
+def _load_tile(ptr, N: tl.constexpr, K: tl.constexpr, BITS: tl.constexpr, CLASSES: tl.constexpr, WARPS: tl.constexpr,
                INTERPRET: tl.constexpr):
     """Decode-arranged words of one tile -> fp16 [N, K] held codes (_place_pairs)."""
     NRG: tl.constexpr = N * K // (32 * WARPS * 32)
     w0, w1, w2, w3 = _load_words(ptr, NRG, 32 * WARPS, BITS)
-    return _place_pairs(_code_pairs(w0, w1, w2, w3, BITS), N, K, WARPS, INTERPRET)
+    return _place_pairs(_code_pairs(w0, w1, w2, w3, BITS, CLASSES), N, K, WARPS, INTERPRET)
 
 
 @triton.jit
@@ -283,7 +309,8 @@ def _word_halves(w, T: tl.constexpr, NRG: tl.constexpr):
 
 
 @triton.jit
-def _load_tile_halves(ptr, N: tl.constexpr, K: tl.constexpr, BITS: tl.constexpr, WARPS: tl.constexpr,
+def _load_tile_halves(ptr, N: tl.constexpr, K: tl.constexpr, BITS: tl.constexpr, CLASSES: tl.constexpr,
+                      WARPS: tl.constexpr,
                       INTERPRET: tl.constexpr):
     """Rows [0, N/2) and [N/2, N) of _load_tile, each fp16 [N / 2, K]. The top bit of a row is the
     top bit of the thread's value index (_place_pairs): with several groups per thread the
@@ -294,7 +321,7 @@ def _load_tile_halves(ptr, N: tl.constexpr, K: tl.constexpr, BITS: tl.constexpr,
     NRG: tl.constexpr = N * K // (T * 32)
     w0, w1, w2, w3 = _load_words(ptr, NRG, T, BITS)
     if NRG == 1:
-        lo, hi = tl.split(tl.permute(tl.reshape(_code_pairs(w0, w1, w2, w3, BITS), [T, 2, 8]), (0, 2, 1)))
+        lo, hi = tl.split(tl.permute(tl.reshape(_code_pairs(w0, w1, w2, w3, BITS, CLASSES), [T, 2, 8]), (0, 2, 1)))
         first = _place_pairs(lo, N // 2, K, WARPS, INTERPRET)
         last = _place_pairs(hi, N // 2, K, WARPS, INTERPRET)
     else:
@@ -302,8 +329,8 @@ def _load_tile_halves(ptr, N: tl.constexpr, K: tl.constexpr, BITS: tl.constexpr,
         a1, b1 = _word_halves(w1, T, NRG)
         a2, b2 = _word_halves(w2, T, NRG)
         a3, b3 = _word_halves(w3, T, NRG)
-        first = _place_pairs(_code_pairs(a0, a1, a2, a3, BITS), N // 2, K, WARPS, INTERPRET)
-        last = _place_pairs(_code_pairs(b0, b1, b2, b3, BITS), N // 2, K, WARPS, INTERPRET)
+        first = _place_pairs(_code_pairs(a0, a1, a2, a3, BITS, CLASSES), N // 2, K, WARPS, INTERPRET)
+        last = _place_pairs(_code_pairs(b0, b1, b2, b3, BITS, CLASSES), N // 2, K, WARPS, INTERPRET)
     return first, last
 
 
@@ -431,7 +458,7 @@ def _cache_tuple(kw_ptr, stride_kw_p, stride_kw_h, stride_kw_t, ks_ptr, kz_ptr, 
 @triton.jit
 def _code_tile(
     state, params, cache, q32, h, tile, code_len, HALF: tl.constexpr, D: tl.constexpr, G: tl.constexpr,
-    BITS: tl.constexpr, BLOCK_T: tl.constexpr, WARPS: tl.constexpr, INTERPRET: tl.constexpr,
+    BITS: tl.constexpr, CLASSES: tl.constexpr, BLOCK_T: tl.constexpr, WARPS: tl.constexpr, INTERPRET: tl.constexpr,
     MASKED: tl.constexpr,
 ):
     """Attend one tile of BLOCK_T quantized tokens (one page, one K scale group) and return the
@@ -442,7 +469,7 @@ def _code_tile(
     K: the tile's per-channel scales are folded into q (q * s, split into an fp16 hi and lo
     column per head, the N dimension) and its zero points become one bias per head, so the
     codes enter the tensor cores (A operand, tokens as M) as they are unpacked, code * 2^-24
-    (3 bits: or code * 2^-21, where q carries the factor 1/8, _class_factors), exact fp16
+    (3 bits: or code * 2^-21 and 2^-18, where q carries 1/8 and 1/64, _class_factors), exact fp16
     subnormals which the tensor cores multiply exactly; the fp32 results are scaled back by 2^24:
     logits = 2^24 (held code) @ (q*s*f) - (q*s) . zero, hi and lo columns summed. Small operands
     (codes, not 1024 + code as the fp16 magic number would give) keep the tensor-core
@@ -454,10 +481,10 @@ def _code_tile(
     page, off, ks, kz, vs0, vz0, vs1, vz1 = params
     kw_ptr, stride_kw_p, stride_kw_h, stride_kw_t = cache[0], cache[1], cache[2], cache[3]
     vw_ptr, stride_vw_p, stride_vw_h, stride_vw_t = cache[9], cache[10], cache[11], cache[12]
-    kinv = _class_factors(tl.arange(0, D), BITS)[1]  # q32 carries the factors (_code_partial)
+    kinv = _class_factors(tl.arange(0, D), BITS, CLASSES)[1]  # q32 carries the factors (_code_partial)
     qs, bias = _fold_k_scales(q32, ks, kz * kinv, HALF, D)
     kptr = kw_ptr + page * stride_kw_p + h * stride_kw_h + (off // BLOCK_T) * stride_kw_t
-    k_codes = _load_tile(kptr, BLOCK_T, D, BITS, WARPS, INTERPRET)  # [BLOCK_T, D], held codes
+    k_codes = _load_tile(kptr, BLOCK_T, D, BITS, CLASSES, WARPS, INTERPRET)  # [BLOCK_T, D], held codes
     qk = tl.sum(tl.reshape(tl.dot(k_codes, qs), [BLOCK_T, HALF, 2]), 2) * UNIT_INV - bias[None, :]
     if MASKED:
         valid = tile * BLOCK_T + tl.arange(0, BLOCK_T) < code_len
@@ -468,13 +495,13 @@ def _code_tile(
     l_acc = l_acc * alpha[None, :] + p
 
     vptr = vw_ptr + page * stride_vw_p + h * stride_vw_h + (off // BLOCK_T) * stride_vw_t
-    # the class of V token t: bit 1 of the kernel's reduction index, bit 3 of t (kernel_token_order)
-    vf, vinv = _class_factors(tl.arange(0, BLOCK_T) >> 2, BITS)
+    # the class of V token t: by its reduction index (kernel_token_order)
+    vf, vinv = _class_factors(_v_index(tl.arange(0, BLOCK_T)), BITS, CLASSES)
     if NGV == 1:
-        v_codes = _load_tile(vptr, D, BLOCK_T, BITS, WARPS, INTERPRET)  # [D, BLOCK_T], held codes
+        v_codes = _load_tile(vptr, D, BLOCK_T, BITS, CLASSES, WARPS, INTERPRET)  # [D, BLOCK_T], held codes
         acc0, zacc0 = _v_group(acc0, zacc0, p, alpha, v_codes, vs0 * vf, vz0 * vinv, HALF, BLOCK_T)
     else:
-        v0, v1 = _load_tile_halves(vptr, D, BLOCK_T, BITS, WARPS, INTERPRET)  # [G, BLOCK_T] each
+        v0, v1 = _load_tile_halves(vptr, D, BLOCK_T, BITS, CLASSES, WARPS, INTERPRET)  # [G, BLOCK_T] each
         acc0, zacc0 = _v_group(acc0, zacc0, p, alpha, v0, vs0 * vf, vz0 * vinv, HALF, BLOCK_T)
         acc1, zacc1 = _v_group(acc1, zacc1, p, alpha, v1, vs1 * vf, vz1 * vinv, HALF, BLOCK_T)
     return m_new, l_acc, acc0, acc1, zacc0, zacc1
@@ -497,14 +524,14 @@ def _store_lse(mid_lse_ptr, b, heads, split, stride_ml_b, stride_ml_h, m, l, kee
 @triton.jit
 def _tile_step(
     state, params, cache, q32, b, h, tile, t_end, code_len, HALF: tl.constexpr, D: tl.constexpr,
-    G: tl.constexpr, BITS: tl.constexpr, BLOCK_T: tl.constexpr, WARPS: tl.constexpr,
+    G: tl.constexpr, BITS: tl.constexpr, CLASSES: tl.constexpr, BLOCK_T: tl.constexpr, WARPS: tl.constexpr,
     INTERPRET: tl.constexpr, MASKED: tl.constexpr,
 ):
     """One step of a split's tile loop: fetch the next tile's page and scales, attend this tile
     (whose page and scales, params, the previous step fetched). Returns the softmax state and
     the next tile's parameters."""
     nxt = _tile_params(cache, b, h, tile + 1, tile + 1 < t_end, code_len, D, G, BLOCK_T)
-    state = _code_tile(state, params, cache, q32, h, tile, code_len, HALF, D, G, BITS, BLOCK_T, WARPS,
+    state = _code_tile(state, params, cache, q32, h, tile, code_len, HALF, D, G, BITS, CLASSES, BLOCK_T, WARPS,
                        INTERPRET, MASKED)
     return state, nxt
 
@@ -517,7 +544,7 @@ def _code_partial(
     mid_o_ptr, mid_lse_ptr, stride_mo_b, stride_mo_h, stride_mo_s, stride_ml_b, stride_ml_h,
     b, h, split, code_len, qk_scale, page_size, tiles_per_split,
     GROUP: tl.constexpr, QROWS: tl.constexpr, COLS: tl.constexpr, D: tl.constexpr, G: tl.constexpr,
-    BITS: tl.constexpr, BLOCK_T: tl.constexpr, WARPS: tl.constexpr, INTERPRET: tl.constexpr,
+    BITS: tl.constexpr, CLASSES: tl.constexpr, BLOCK_T: tl.constexpr, WARPS: tl.constexpr, INTERPRET: tl.constexpr,
 ):
     """Attend the split's tiles of quantized tokens and store its partial output and lse."""
     NGV: tl.constexpr = D // G
@@ -530,7 +557,7 @@ def _code_partial(
     channel = flat // QROWS
     head = (flat % QROWS) % GROUP
     q = tl.load(q_ptr + b * stride_qb + (h * GROUP + head) * stride_qh + channel)
-    q32 = tl.reshape(q.to(tl.float32) * qk_scale * _class_factors(channel, BITS)[0], [D, QROWS])
+    q32 = tl.reshape(q.to(tl.float32) * qk_scale * _class_factors(channel, BITS, CLASSES)[0], [D, QROWS])
     cache = _cache_tuple(kw_ptr, stride_kw_p, stride_kw_h, stride_kw_t, ks_ptr, kz_ptr, stride_ks_p, stride_ks_h,
                          stride_ks_g, vw_ptr, stride_vw_p, stride_vw_h, stride_vw_t, vs_ptr, vz_ptr, stride_vs_p,
                          stride_vs_h, stride_vs_t, bt_ptr, stride_bt_b, page_size)
@@ -547,15 +574,15 @@ def _code_partial(
         tile = t_begin
         while tile < t_whole:
             state, params = _tile_step(state, params, cache, q32, b, h, tile, t_end, code_len, HALF, D, G, BITS,
-                                       BLOCK_T, WARPS, INTERPRET, False)
+                                       CLASSES, BLOCK_T, WARPS, INTERPRET, False)
             tile += 1
     else:  # a for loop: the compiler software-pipelines its loads (NUM_STAGES)
         for tile in range(t_begin, t_whole):
             state, params = _tile_step(state, params, cache, q32, b, h, tile, t_end, code_len, HALF, D, G, BITS,
-                                       BLOCK_T, WARPS, INTERPRET, False)
+                                       CLASSES, BLOCK_T, WARPS, INTERPRET, False)
     if t_whole < t_end:  # the last code tile, partly past code_len: masked
         state, params = _tile_step(state, params, cache, q32, b, h, t_whole, t_end, code_len, HALF, D, G, BITS,
-                                   BLOCK_T, WARPS, INTERPRET, True)
+                                   CLASSES, BLOCK_T, WARPS, INTERPRET, True)
     m, l_acc, acc0, acc1, zacc0, zacc1 = state
     l = tl.sum(l_acc, 0)
     inv = 1.0 / tl.where(l > 0.0, l, 1.0)
@@ -616,7 +643,7 @@ def _decode_split_kernel(
     mid_o_ptr, mid_lse_ptr, stride_mo_b, stride_mo_h, stride_mo_s, stride_ml_b, stride_ml_h,
     qk_scale, page_size, num_splits, tiles_per_split,
     GROUP: tl.constexpr, QROWS: tl.constexpr, COLS: tl.constexpr, D: tl.constexpr, G: tl.constexpr,
-    BITS: tl.constexpr, BLOCK_T: tl.constexpr, WARPS: tl.constexpr, INTERPRET: tl.constexpr,
+    BITS: tl.constexpr, CLASSES: tl.constexpr, BLOCK_T: tl.constexpr, WARPS: tl.constexpr, INTERPRET: tl.constexpr,
 ):
     """Partial attention of one split of one (sequence, kv head).
 
@@ -625,7 +652,7 @@ def _decode_split_kernel(
     block_table int32 [B, pages]; lens, cache_lens int32 [B] (attended length, cache length).
     Writes mid_o fp32 [B, Hq, splits+1, D] (normalized) and mid_lse fp32 [B, Hq, splits+1]
     (log2-sum-exp, -inf when the split is empty). Program ``splits`` attends the residual window.
-    GROUP = Hq / Hkv; QROWS = fold_rows(GROUP); COLS = mma_columns(GROUP).
+    GROUP = Hq / Hkv; QROWS = fold_rows(GROUP); COLS = mma_columns(GROUP); CLASSES = code_classes(BLOCK_T).
     """
     split = tl.program_id(0)
     h = tl.program_id(1)
@@ -640,7 +667,7 @@ def _decode_split_kernel(
             vs_ptr, vz_ptr, stride_vs_p, stride_vs_h, stride_vs_t, bt_ptr, stride_bt_b,
             mid_o_ptr, mid_lse_ptr, stride_mo_b, stride_mo_h, stride_mo_s, stride_ml_b, stride_ml_h,
             b, h, split, code_len, qk_scale, page_size, tiles_per_split,
-            GROUP, QROWS, COLS, D, G, BITS, BLOCK_T, WARPS, INTERPRET)
+            GROUP, QROWS, COLS, D, G, BITS, CLASSES, BLOCK_T, WARPS, INTERPRET)
     else:
         _residual_partial(
             q_ptr, stride_qb, stride_qh, kr_ptr, vr_ptr, stride_r_b, stride_r_h, stride_r_t,
@@ -781,6 +808,7 @@ def _triton_decode(q, view: PagedQuantizedKV, lens, cache_lens, max_code_len, sm
         mid_o, mid_lse, *mid_o.stride()[:3], *mid_lse.stride()[:2],
         sm_scale * LOG2E, view.page_size, splits, per,
         GROUP=group, QROWS=fold_rows(group), COLS=mma_columns(group), D=d, G=g, BITS=view.bits,
+        CLASSES=code_classes(block_t),
         BLOCK_T=block_t, WARPS=view.warps, INTERPRET=triton_interpreted(),
         num_warps=view.warps, num_stages=NUM_STAGES, **({"maxnreg": MAX_REGISTERS} if MAX_REGISTERS else {}),
     )
@@ -930,7 +958,7 @@ def split_spec(dtype: str = "fp16", d: int = 128, bits: int = 3, g: int = 64, gr
         f"decode_split_{dtype}_d{d}_b{bits}_g{g}_gqa{group}_t{tile}w{warps}", _decode_split_kernel,
         _split_signature(f"*{dtype}", f"*{dtype}", "*fp16"),
         {"GROUP": group, "QROWS": fold_rows(group), "COLS": mma_columns(group), "D": d, "G": g, "BITS": bits,
-         "BLOCK_T": tile, "WARPS": warps, "INTERPRET": False},
+         "CLASSES": code_classes(tile), "BLOCK_T": tile, "WARPS": warps, "INTERPRET": False},
         num_warps=warps, num_stages=NUM_STAGES, divisible_ints=_SPLIT_MULTIPLES, maxnreg=MAX_REGISTERS,
     )
 

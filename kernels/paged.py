@@ -16,10 +16,12 @@ shuffles between the load and the dot. Two ideas:
   bits 2 and 4, plane k holds 16/b pairs at bits [b*j, b*j + b) and [16 + b*j, ...);
   for bits 3, planes 0..2 hold 5 pairs each at bits [3j, 3j+3) and [16+3j, ...), and
   the last pair is spread over bits 15 and 31 of the three planes (value bit i in
-  plane i). The kernel takes 3-bit pairs in two classes, those at bits 0-2 of a
-  half-word after at most one shift (``w & 0x00070007``) and those at bits 3-5
-  (``w & 0x00380038``, code * 8), 26 machine instructions per 32 values
-  (:func:`three_bit_classes`); the class is bit 1 of the value index in the group.
+  plane i). The kernel takes 3-bit pairs in classes by where they sit in their half-word after
+  at most one shift: bits 0-2 (``w & 0x00070007``), bits 3-5 (``w & 0x00380038``, code * 8)
+  and, in 64-token tiles, bits 6-8 (``w & 0x01C001C0``, code * 64): 26 machine instructions per
+  32 values with two classes, 23 with three (:func:`three_bit_classes`, :func:`code_classes`).
+  The class is bit 1 of the value index in the group, or 2 where its bits 2 and 3 are both set
+  (with 64-token tiles, bits 4 and 5 of the reduction index in a K and in a V tile).
 * fragments: a tile is a matrix [N, K] (K: the reduction axis of its product; K
   tiles are [t tokens, D], V tiles [D, t tokens]; the kernel takes N as the rows of the
   A operand, which holds per thread the same elements as this B-operand layout). In the
@@ -98,32 +100,58 @@ def _join8(a: list[torch.Tensor]) -> torch.Tensor:
     return _join(_join(_join(a[0], a[1]), _join(a[2], a[3])), _join(_join(a[4], a[5]), _join(a[6], a[7])))
 
 
-def three_bit_classes(w0, w1, w2) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
-    """The 16 register pairs of a 3-bit group as the kernel extracts them (mirrors
-    ``kernels.decode._three_bit_pairs``): 8 pairs of codes at bits 0-2 of each half-word (one AND
-    each, or a shift and an AND) and 8 pairs of codes at bits 3-5 (code * 8). Fields at bits 0, 3,
-    6, 9 and 12 of each plane's half-words, and the 16th pair from bit 15 of the three planes
-    (value bit i in plane i)."""
-    low, high = 0x00070007, 0x00380038
+THREE_BIT_FIELDS = (0x00070007, 0x00380038, 0x01C001C0)  # class c: a code at bits 3c..3c+2 of each half-word
+
+
+def code_classes(tile: int) -> int:
+    """How many classes of 3-bit codes (THREE_BIT_FIELDS) the arrangement of ``tile``-token tiles
+    uses: 3 where a V tile's reduction spans four 16-token blocks (64-token tiles), whose two bits
+    then mark the third class as reduction indices do; 2 for shorter tiles, whose class is bit 1
+    of the reduction index alone."""
+    return 3 if tile >= 64 else 2
+
+
+def three_bit_classes(w0, w1, w2, classes: int = 2) -> tuple[list[tuple], list[tuple]]:
+    """The 16 registers of a 3-bit group as the kernel extracts them (mirrors
+    ``kernels.decode._three_bit_pairs``), as (register, class) pairs, a register holding two codes
+    at the field of its class (THREE_BIT_FIELDS: code * 8^class): the 8 registers whose index has
+    bit 0 clear, then the 8 with it set, each in _join8 order. Fields at bits 0, 3, 6, 9 and 12
+    of each plane's half-words, and the 16th pair from bit 15 of the three planes (value bit i in
+    plane i).
+
+    2 classes: bit 0 of the register index is the class; the fields at bits 6-14 come down by a
+    shift of 6, 9 or 12 (8 shifts and 18 AND/OR per group). 3 classes: the fields at bits 6-8 stay
+    where they are as the third class (registers 6, 7, 14 and 15: index bits 1 and 2 set), those
+    at bits 9-14 come down by one shift of 9 per plane, and the 16th pair is gathered at bits 6-8
+    (5 shifts and 18 AND/OR)."""
+    low, high, top = THREE_BIT_FIELDS
+    if classes == 3:
+        s9 = [w >> 9 for w in (w0, w1, w2)]
+        last = (s9[0] & 0x00400040) | ((w1 >> 8) & 0x00800080) | ((w2 >> 7) & 0x01000100)
+        evens = [(w0 & low, 0), (w1 & low, 0), (w2 & low, 0), (s9[0] & low, 0), (s9[1] & low, 0), (s9[2] & low, 0),
+                 (w0 & top, 2), (w1 & top, 2)]
+        odds = [(w0 & high, 1), (w1 & high, 1), (w2 & high, 1), (s9[0] & high, 1), (s9[1] & high, 1),
+                (s9[2] & high, 1), (w2 & top, 2), (last, 2)]
+        return evens, odds
     s6 = [w >> 6 for w in (w0, w1, w2)]
     w0s12, w2s12, w1s9 = w0 >> 12, w2 >> 12, w1 >> 9
-    top = (w0s12 & 0x00080008) | ((w1 >> 11) & 0x00100010) | ((w2 >> 10) & 0x00200020)
-    ones = [w0 & low, w1 & low, w2 & low, s6[0] & low, s6[1] & low, s6[2] & low, w0s12 & low, w2s12 & low]
-    eights = [w0 & high, w1 & high, w2 & high, s6[0] & high, s6[1] & high, s6[2] & high, w1s9 & high, top]
-    return ones, eights
+    last = (w0s12 & 0x00080008) | ((w1 >> 11) & 0x00100010) | ((w2 >> 10) & 0x00200020)
+    evens = [w0 & low, w1 & low, w2 & low, s6[0] & low, s6[1] & low, s6[2] & low, w0s12 & low, w2s12 & low]
+    odds = [w0 & high, w1 & high, w2 & high, s6[0] & high, s6[1] & high, s6[2] & high, w1s9 & high, last]
+    return [(r, 0) for r in evens], [(r, 1) for r in odds]
 
 
-def unpack_group(planes: list[torch.Tensor], bits: int) -> torch.Tensor:
+def unpack_group(planes: list[torch.Tensor], bits: int, classes: int = 2) -> torch.Tensor:
     """The kernel's in-register unpacking, in torch: ``bits`` int64 word tensors [X]
-    (values in [0, 2^32)) -> codes [X, 32]. Mirrors ``kernels.decode._code_pairs``; for 3 bits,
-    values whose index has bit 1 set are the pairs the kernel holds as code * 8."""
+    (values in [0, 2^32)) -> codes [X, 32]. Mirrors ``kernels.decode._code_pairs``; for 3 bits
+    each register's codes are brought down from its class's field (three_bit_classes)."""
     if bits == 2:
         f = 0x00030003
         w0, w1 = planes
         pairs = _join(_join(_join4(w0, 0, 2, f), _join4(w0, 8, 2, f)), _join(_join4(w1, 0, 2, f), _join4(w1, 8, 2, f)))
     elif bits == 3:
-        ones, eights = three_bit_classes(*planes[:3])
-        pairs = _join(_join8(ones), _join8(eights) >> 3)
+        evens, odds = three_bit_classes(*planes[:3], classes)
+        pairs = _join(_join8([r >> 3 * c for r, c in evens]), _join8([r >> 3 * c for r, c in odds]))
     else:
         f = 0x000F000F
         w0, w1, w2, w3 = planes
@@ -210,7 +238,7 @@ def held_tile(words: torch.Tensor, bits: int, role: str, d: int, tile: int = DEF
     w = words.to(torch.int64).reshape(*words.shape[:-1], bits, nrg // r, threads, r) & 0xFFFFFFFF
     w = w.transpose(-3, -2).flatten(-2)  # [..., bits, T, NRG]
     planes = [w[..., p, :, :] for p in range(bits)]  # each [..., T, NRG]
-    vals = unpack_group(planes, bits)  # [..., T, NRG, 32]
+    vals = unpack_group(planes, bits, code_classes(tile))  # [..., T, NRG, 32]
     return _place(vals.flatten(-2), n, k, warps)
 
 
@@ -231,14 +259,15 @@ def unpack_tile(words: torch.Tensor, bits: int, role: str, d: int, tile: int = D
 
 
 @functools.cache
-def decode_bit_table(bits: int) -> tuple[tuple[int, int], ...]:
+def decode_bit_table(bits: int, classes: int = 2) -> tuple[tuple[int, int], ...]:
     """Where each bit of a 32-value group lives: entry ``plane * 32 + position`` is
-    ``(value index, bit of that value)``, found by probing :func:`unpack_group`."""
+    ``(value index, bit of that value)``, found by probing :func:`unpack_group` (3 bits: with
+    ``classes`` classes, code_classes)."""
     require_int("bits", bits, DECODE_BITS)
     probes = torch.zeros(bits, bits * 32, dtype=torch.int64)
     for plane in range(bits):
         probes[plane, plane * 32:(plane + 1) * 32] = 1 << torch.arange(32)
-    out = unpack_group([probes[p] for p in range(bits)], bits)  # [bits*32 probes, 32 values]
+    out = unpack_group([probes[p] for p in range(bits)], bits, classes)  # [bits*32 probes, 32 values]
     table = []
     for probe in range(bits * 32):
         hits = out[probe].nonzero().flatten().tolist()
@@ -262,7 +291,7 @@ def _pack_plan(bits: int, role: str, d: int, tile: int, warps: int, device: torc
     order = torch.empty_like(where)
     order[where] = _tile_elements(role, n, k).flatten()  # order[(t, f, v)] = tile element
     per_f = order.reshape(threads, nrg, 32)
-    table = decode_bit_table(bits)
+    table = decode_bit_table(bits, code_classes(tile))
     value = torch.tensor([v for v, _ in table])
     bit = torch.tensor([b for _, b in table])
     r = run_length(nrg)

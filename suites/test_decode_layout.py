@@ -38,11 +38,12 @@ def _record(record, **metrics):
     record.add(**metrics)
 
 
-@pytest.mark.parametrize("bits", [2, 3, 4])
-def test_bit_table_is_a_bijection(record, bits):
+@pytest.mark.parametrize("bits, classes", [(2, 2), (3, 2), (3, 3), (4, 2)])
+def test_bit_table_is_a_bijection(record, bits, classes):
     """Every (value, bit) of a 32-value group sits in exactly one (plane, position), and both
-    values of a register pair sit at the same offset of the two 16-bit halves."""
-    table = paged.decode_bit_table(bits)
+    values of a register pair sit at the same offset of the two 16-bit halves (3 bits: with two
+    and with three classes of codes)."""
+    table = paged.decode_bit_table(bits, classes)
     assert sorted(table) == [(n, i) for n in range(32) for i in range(bits)]
     where = {entry: slot for slot, entry in enumerate(table)}
     for n in range(0, 32, 2):
@@ -52,42 +53,51 @@ def test_bit_table_is_a_bijection(record, bits):
     _record(record, states_checked=bits * 32, bit_errors=0)
 
 
-def test_three_bit_classes(record):
-    """The kernel's two 3-bit classes: the pairs it takes at bits 0-2 (code * 2^-24 as fp16) and at
-    bits 3-5 (code * 2^-21), with nothing else in their words, are the values whose index in the
-    group has bit 1 clear and set; random words and every single bit."""
+@pytest.mark.parametrize("classes", [2, 3])
+def test_three_bit_classes(record, classes):
+    """The kernel's 3-bit classes: the pairs it takes at bits 0-2 (code * 2^-24 as fp16), 3-5
+    (code * 2^-21) and, with three classes, 6-8 (code * 2^-18), with nothing else in their words,
+    are the values of their class: bit 1 of the index in the group, or 2 where bits 2 and 3 are
+    set too (three classes); random words and every single bit."""
     gen = torch.Generator().manual_seed(303)
     words = torch.randint(0, 2**32, (3, 4096), dtype=torch.int64, generator=gen)
     probes = torch.zeros(3, 96, dtype=torch.int64)
     for plane in range(3):
         probes[plane, plane * 32:(plane + 1) * 32] = 1 << torch.arange(32)
+    counts = [0, 0, 0]
     for w in (words, probes):
-        ones, eights = paged.three_bit_classes(*w)
-        ones, eights = (paged._join8(pairs).flatten(-3) for pairs in (ones, eights))  # [X, 8], kernel order
-        assert not bool((ones & ~0x00070007).any()) and not bool((eights & ~0x00380038).any())
-        values = paged.unpack_group(list(w), 3).reshape(-1, 8, 2, 2)  # [X, pair in class, class, half]
-        for cls, pairs in ((0, ones), (1, eights >> 3)):
-            assert torch.equal(values[:, :, cls, 0], pairs & 0xFFFF)
-            assert torch.equal(values[:, :, cls, 1], pairs >> 16)
+        evens, odds = paged.three_bit_classes(*w, classes)
+        values = paged.unpack_group(list(w), 3, classes).reshape(-1, 16, 2)  # [X, register, half]
+        for r in range(16):  # register r: bit 0 of r picks the list, bits 3..1 the _join8 position
+            k = (r >> 3 & 1) | (r >> 2 & 1) << 1 | (r >> 1 & 1) << 2
+            reg, cls = (odds if r & 1 else evens)[k]
+            want = 2 if classes == 3 and (r >> 1) & 3 == 3 else r & 1
+            assert cls == want, (r, cls, want)
+            counts[cls] += w is words
+            assert not bool((reg & ~paged.THREE_BIT_FIELDS[cls]).any())
+            assert torch.equal(values[:, r, 0], (reg >> 3 * cls) & 0xFFFF)
+            assert torch.equal(values[:, r, 1], reg >> (16 + 3 * cls))
+    assert counts == ([8, 8, 0] if classes == 2 else [6, 6, 4])
     _record(record, states_checked=(4096 + 96) * 32, bit_errors=0)
 
 
 @triton.jit
-def _three_bit_pairs_probe(w_ptr, out_ptr, N: tl.constexpr):
+def _three_bit_pairs_probe(w_ptr, out_ptr, N: tl.constexpr, CLASSES: tl.constexpr):
     """The kernel's 3-bit pair extraction on N word triples: int32 [3, N] -> int32 [N, 16]."""
     i = tl.arange(0, N)
     w0 = tl.load(w_ptr + i).to(tl.uint32, bitcast=True)
     w1 = tl.load(w_ptr + N + i).to(tl.uint32, bitcast=True)
     w2 = tl.load(w_ptr + 2 * N + i).to(tl.uint32, bitcast=True)
-    pairs = tl.reshape(_three_bit_pairs(w0, w1, w2), [N, 16])
+    pairs = tl.reshape(_three_bit_pairs(w0, w1, w2, CLASSES), [N, 16])
     tl.store(out_ptr + i[:, None] * 16 + tl.arange(0, 16)[None, :], pairs.to(tl.int32, bitcast=True))
 
 
+@pytest.mark.parametrize("classes", [2, 3])
 @pytest.mark.parametrize("device", device_params())
-def test_kernel_three_bit_pairs_match_the_twin(record, device):
+def test_kernel_three_bit_pairs_match_the_twin(record, device, classes):
     """The kernel's _three_bit_pairs (compiled on a GPU, interpreted on CPU) returns, word for word,
-    the pairs of kernels.paged.three_bit_classes in the twin's join order (code * 8 for the second
-    class): random words and every single bit of the three planes."""
+    the registers of kernels.paged.three_bit_classes in the twin's join order (each at its class's
+    field): random words and every single bit of the three planes, with two and three classes."""
     gen = torch.Generator().manual_seed(304)
     n = 256
     words = torch.randint(-2**31, 2**31, (3, n), dtype=torch.int64, generator=gen)
@@ -96,9 +106,9 @@ def test_kernel_three_bit_pairs_match_the_twin(record, device):
         words[plane, plane * 32:(plane + 1) * 32] = 1 << torch.arange(32)
     words = torch.where(words >= 2**31, words - 2**32, words).to(torch.int32)
     out = torch.full((n, 16), -1, dtype=torch.int32, device=device)
-    _three_bit_pairs_probe[(1,)](words.to(device), out, N=n)
-    ones, eights = paged.three_bit_classes(*(words.to(torch.int64) & 0xFFFFFFFF))
-    want = paged._join(paged._join8(ones), paged._join8(eights)).reshape(n, 16)
+    _three_bit_pairs_probe[(1,)](words.to(device), out, N=n, CLASSES=classes)
+    evens, odds = paged.three_bit_classes(*(words.to(torch.int64) & 0xFFFFFFFF), classes)
+    want = paged._join(paged._join8([r for r, _ in evens]), paged._join8([r for r, _ in odds])).reshape(n, 16)
     want = torch.where(want >= 2**31, want - 2**32, want).to(torch.int32)
     errors = int((out.cpu() != want).sum())
     record.backend, record.device, record.variant = "triton", device, "layout"
