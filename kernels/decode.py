@@ -409,39 +409,127 @@ def _v_group(acc, zacc, p, alpha, v, s, z, HALF: tl.constexpr, BLOCK_T: tl.const
 
 @triton.jit
 def _tile_params(
-    cache, b, h, tile, live, code_len, D: tl.constexpr, G: tl.constexpr, BLOCK_T: tl.constexpr,
+    cache, b, h, page_idx, off, t0, live, code_len, D: tl.constexpr, G: tl.constexpr, BLOCK_T: tl.constexpr,
+    SCALE_WORDS: tl.constexpr,
 ):
     """(page, offset, K scale and zero [D] per channel, V scale and zero [T] per token for channel
-    groups 0 and 1) of one tile of the cache tuple (_cache_tuple), widened to fp32 as they are
-    loaded (in the load's layout, before they move to the products' layouts; masked tokens read
-    as 0). Loaded one tile ahead of their use: they are too narrow for the asynchronous copies
-    that pipeline the code words."""
+    groups 0 and 1, page_idx) of the tile at token t0 of its sequence, token off of its page_idx-th
+    block-table entry, from the cache tuple (_cache_tuple), as loaded (masked tokens read
+    as 0): widened to fp32 only where the tile is attended (_tile_scales), a tile later, so that
+    nothing waits on these loads in the tile that issues them. SCALE_WORDS (two 16-bit V scale
+    groups per token, 4-byte aligned rows): each token's two scales come as one 32-bit word
+    (vs0, vz0; vs1 and vz1 repeat them), which needs no packing of 16-bit halves after the load.
+    Loaded one tile ahead of their use: they are too narrow for the asynchronous copies that
+    pipeline the code words."""
     NGV: tl.constexpr = D // G
     ks_ptr, kz_ptr, stride_ks_p, stride_ks_h, stride_ks_g = cache[4], cache[5], cache[6], cache[7], cache[8]
     vs_ptr, vz_ptr, stride_vs_p, stride_vs_h, stride_vs_t = cache[13], cache[14], cache[15], cache[16], cache[17]
-    bt_ptr, stride_bt_b, page_size = cache[18], cache[19], cache[20]
+    bt_ptr, stride_bt_b = cache[18], cache[19]
     d = tl.arange(0, D)
     tt = tl.arange(0, BLOCK_T)
-    t0 = tile * BLOCK_T
-    page_idx = t0 // page_size
-    off = t0 - page_idx * page_size
     page = tl.load(bt_ptr + b * stride_bt_b + page_idx, mask=live, other=0).to(tl.int64)
-    kbase = page * stride_ks_p + h * stride_ks_h + (off // G) * stride_ks_g + d
+    krow = page * stride_ks_p + h * stride_ks_h + (off // G) * stride_ks_g
+    kbase = krow + d
     # Vector masks built by a vector comparison: triton 3.9's interpreter keeps a scalar
     # comparison's result as int32 data, which `&` would carry into a load mask it rejects.
     k_live = d < tl.where(live, D, 0)
-    ks = tl.load(ks_ptr + kbase, mask=k_live, other=0.0).to(tl.float32)
-    kz = tl.load(kz_ptr + kbase, mask=k_live, other=0.0).to(tl.float32)
+    if SCALE_WORDS:
+        # words as [D / 4, 2]: a [T]-shaped load would share its per-thread vector width with the V
+        # scale loads (the compiler's coalescing groups loads of one shape), which want one per thread
+        dw = tl.reshape(tl.arange(0, D // 2), [D // 4, 2])
+        kword = krow // 2 + dw
+        w_live = dw < tl.where(live, D // 2, 0)
+        ks = tl.load(ks_ptr.to(tl.pointer_type(tl.uint32), bitcast=True) + kword, mask=w_live, other=0)
+        kz = tl.load(kz_ptr.to(tl.pointer_type(tl.uint32), bitcast=True) + kword, mask=w_live, other=0)
+    else:
+        ks = tl.load(ks_ptr + kbase, mask=k_live, other=0.0)
+        kz = tl.load(kz_ptr + kbase, mask=k_live, other=0.0)
     vbase = page * stride_vs_p + h * stride_vs_h + (off + tt) * stride_vs_t
     valid = (t0 + tt < code_len) & (tt < tl.where(live, BLOCK_T, 0))
-    vs0 = tl.load(vs_ptr + vbase, mask=valid, other=0.0).to(tl.float32)
-    vz0 = tl.load(vz_ptr + vbase, mask=valid, other=0.0).to(tl.float32)
-    vs1 = vs0
-    vz1 = vz0
-    if NGV == 2:
-        vs1 = tl.load(vs_ptr + vbase + 1, mask=valid, other=0.0).to(tl.float32)
-        vz1 = tl.load(vz_ptr + vbase + 1, mask=valid, other=0.0).to(tl.float32)
-    return page, off, ks, kz, vs0, vz0, vs1, vz1
+    if SCALE_WORDS:
+        vs0 = tl.load((vs_ptr + vbase).to(tl.pointer_type(tl.uint32)), mask=valid, other=0)
+        vz0 = tl.load((vz_ptr + vbase).to(tl.pointer_type(tl.uint32)), mask=valid, other=0)
+        vs1 = vs0
+        vz1 = vz0
+    else:
+        vs0 = tl.load(vs_ptr + vbase, mask=valid, other=0.0)
+        vz0 = tl.load(vz_ptr + vbase, mask=valid, other=0.0)
+        vs1 = vs0
+        vz1 = vz0
+        if NGV == 2:
+            vs1 = tl.load(vs_ptr + vbase + 1, mask=valid, other=0.0)
+            vz1 = tl.load(vz_ptr + vbase + 1, mask=valid, other=0.0)
+    return page, off, ks, kz, vs0, vz0, vs1, vz1, page_idx
+
+
+@triton.jit
+def _next_position(page_idx, off, page_size, BLOCK_T: tl.constexpr):
+    """(page_idx, off) of the tile after the one at token off of block-table entry page_idx (page
+    sizes are multiples of the tile): no division per tile."""
+    off = off + BLOCK_T
+    wrap = (off >= page_size).to(tl.int32)
+    return page_idx + wrap, off - wrap * page_size
+
+
+@triton.jit
+def _widen(x, INTERPRET: tl.constexpr):
+    """fp16 / bf16 / fp32 -> fp32 where it stands: compiled, an opaque cvt of two values at a time
+    (a 32-bit register), so that the compiler neither moves it next to the load it waits on nor
+    repeats it in the products' wider layouts."""
+    if INTERPRET or x.dtype == tl.float32:
+        return x.to(tl.float32)
+    elif x.dtype == tl.bfloat16:
+        return tl.inline_asm_elementwise(
+            "{ .reg .b16 lo, hi; mov.b32 {lo, hi}, $2; cvt.f32.bf16 $0, lo; cvt.f32.bf16 $1, hi; }",
+            "=r,=r,r", [x], dtype=tl.float32, is_pure=True, pack=2)
+    else:
+        return tl.inline_asm_elementwise(
+            "{ .reg .b16 lo, hi; mov.b32 {lo, hi}, $2; cvt.f32.f16 $0, lo; cvt.f32.f16 $1, hi; }",
+            "=r,=r,r", [x], dtype=tl.float32, is_pure=True, pack=2)
+
+
+@triton.jit
+def _widen_pair(w, scale_dtype: tl.constexpr, INTERPRET: tl.constexpr):
+    """uint32 words of two 16-bit scales (scale_dtype: fp16 or bf16; low half first) -> (low, high) fp32."""
+    if INTERPRET:
+        lo = (w & 0xFFFF).to(tl.uint16).to(scale_dtype, bitcast=True).to(tl.float32)
+        hi = (w >> 16).to(tl.uint16).to(scale_dtype, bitcast=True).to(tl.float32)
+        return lo, hi
+    elif scale_dtype == tl.bfloat16:
+        return tl.inline_asm_elementwise(
+            "{ .reg .b16 lo, hi; mov.b32 {lo, hi}, $2; cvt.f32.bf16 $0, lo; cvt.f32.bf16 $1, hi; }",
+            "=r,=r,r", [w], dtype=(tl.float32, tl.float32), is_pure=True, pack=1)
+    else:
+        return tl.inline_asm_elementwise(
+            "{ .reg .b16 lo, hi; mov.b32 {lo, hi}, $2; cvt.f32.f16 $0, lo; cvt.f32.f16 $1, hi; }",
+            "=r,=r,r", [w], dtype=(tl.float32, tl.float32), is_pure=True, pack=1)
+
+
+@triton.jit
+def _channel_pairs(w, SDT: tl.constexpr, INTERPRET: tl.constexpr):
+    """uint32 [D / 4, 2], word (i, j) holding channels 4 i + 2 j and 4 i + 2 j + 1 -> fp32 [D]."""
+    lo, hi = _widen_pair(w, SDT, INTERPRET)
+    return tl.reshape(tl.join(lo, hi), [4 * w.shape[0]])
+
+
+@triton.jit
+def _tile_scales(params, SDT: tl.constexpr, SCALE_WORDS: tl.constexpr, INTERPRET: tl.constexpr):
+    """A tile's scales and zeros as _tile_params loaded them -> fp32 (ks, kz [D]; vs0, vz0, vs1,
+    vz1 [T])."""
+    ks, kz, vs0, vz0, vs1, vz1 = params[2], params[3], params[4], params[5], params[6], params[7]
+    if SCALE_WORDS:
+        ks = _channel_pairs(ks, SDT, INTERPRET)
+        kz = _channel_pairs(kz, SDT, INTERPRET)
+        vs0, vs1 = _widen_pair(vs0, SDT, INTERPRET)
+        vz0, vz1 = _widen_pair(vz0, SDT, INTERPRET)
+    else:
+        ks = _widen(ks, INTERPRET)
+        kz = _widen(kz, INTERPRET)
+        vs0 = _widen(vs0, INTERPRET)
+        vz0 = _widen(vz0, INTERPRET)
+        vs1 = _widen(vs1, INTERPRET)
+        vz1 = _widen(vz1, INTERPRET)
+    return ks, kz, vs0, vz0, vs1, vz1
 
 
 @triton.jit
@@ -458,7 +546,7 @@ def _cache_tuple(kw_ptr, stride_kw_p, stride_kw_h, stride_kw_t, ks_ptr, kz_ptr, 
 @triton.jit
 def _code_tile(
     state, params, cache, q32, h, tile, code_len, HALF: tl.constexpr, D: tl.constexpr, G: tl.constexpr,
-    BITS: tl.constexpr, CLASSES: tl.constexpr, BLOCK_T: tl.constexpr, WARPS: tl.constexpr, INTERPRET: tl.constexpr,
+    BITS: tl.constexpr, CLASSES: tl.constexpr, SCALE_WORDS: tl.constexpr, BLOCK_T: tl.constexpr, WARPS: tl.constexpr, INTERPRET: tl.constexpr,
     MASKED: tl.constexpr,
 ):
     """Attend one tile of BLOCK_T quantized tokens (one page, one K scale group) and return the
@@ -478,7 +566,8 @@ def _code_tile(
     """
     NGV: tl.constexpr = D // G
     m, l_acc, acc0, acc1, zacc0, zacc1 = state
-    page, off, ks, kz, vs0, vz0, vs1, vz1 = params
+    page, off = params[0], params[1]
+    ks, kz, vs0, vz0, vs1, vz1 = _tile_scales(params, cache[4].dtype.element_ty, SCALE_WORDS, INTERPRET)
     kw_ptr, stride_kw_p, stride_kw_h, stride_kw_t = cache[0], cache[1], cache[2], cache[3]
     vw_ptr, stride_vw_p, stride_vw_h, stride_vw_t = cache[9], cache[10], cache[11], cache[12]
     kinv = _class_factors(tl.arange(0, D), BITS, CLASSES)[1]  # q32 carries the factors (_code_partial)
@@ -524,15 +613,17 @@ def _store_lse(mid_lse_ptr, b, heads, split, stride_ml_b, stride_ml_h, m, l, kee
 @triton.jit
 def _tile_step(
     state, params, cache, q32, b, h, tile, t_end, code_len, HALF: tl.constexpr, D: tl.constexpr,
-    G: tl.constexpr, BITS: tl.constexpr, CLASSES: tl.constexpr, BLOCK_T: tl.constexpr, WARPS: tl.constexpr,
+    G: tl.constexpr, BITS: tl.constexpr, CLASSES: tl.constexpr, SCALE_WORDS: tl.constexpr, BLOCK_T: tl.constexpr, WARPS: tl.constexpr,
     INTERPRET: tl.constexpr, MASKED: tl.constexpr,
 ):
     """One step of a split's tile loop: fetch the next tile's page and scales, attend this tile
     (whose page and scales, params, the previous step fetched). Returns the softmax state and
     the next tile's parameters."""
-    nxt = _tile_params(cache, b, h, tile + 1, tile + 1 < t_end, code_len, D, G, BLOCK_T)
-    state = _code_tile(state, params, cache, q32, h, tile, code_len, HALF, D, G, BITS, CLASSES, BLOCK_T, WARPS,
-                       INTERPRET, MASKED)
+    page_idx, off = _next_position(params[8], params[1], cache[20], BLOCK_T)
+    nxt = _tile_params(cache, b, h, page_idx, off, (tile + 1) * BLOCK_T, tile + 1 < t_end, code_len, D, G, BLOCK_T,
+                       SCALE_WORDS)
+    state = _code_tile(state, params, cache, q32, h, tile, code_len, HALF, D, G, BITS, CLASSES, SCALE_WORDS,
+                       BLOCK_T, WARPS, INTERPRET, MASKED)
     return state, nxt
 
 
@@ -544,7 +635,8 @@ def _code_partial(
     mid_o_ptr, mid_lse_ptr, stride_mo_b, stride_mo_h, stride_mo_s, stride_ml_b, stride_ml_h,
     b, h, split, code_len, qk_scale, page_size, tiles_per_split,
     GROUP: tl.constexpr, QROWS: tl.constexpr, COLS: tl.constexpr, D: tl.constexpr, G: tl.constexpr,
-    BITS: tl.constexpr, CLASSES: tl.constexpr, BLOCK_T: tl.constexpr, WARPS: tl.constexpr, INTERPRET: tl.constexpr,
+    BITS: tl.constexpr, CLASSES: tl.constexpr, SCALE_WORDS: tl.constexpr, BLOCK_T: tl.constexpr,
+    WARPS: tl.constexpr, INTERPRET: tl.constexpr,
 ):
     """Attend the split's tiles of quantized tokens and store its partial output and lse."""
     NGV: tl.constexpr = D // G
@@ -566,7 +658,10 @@ def _code_partial(
              tl.zeros([HALF], tl.float32), tl.zeros([HALF], tl.float32))  # m, l_acc, acc0, acc1, zacc0, zacc1
     t_begin = split * tiles_per_split
     t_end = tl.minimum(t_begin + tiles_per_split, (code_len + BLOCK_T - 1) // BLOCK_T)
-    params = _tile_params(cache, b, h, t_begin, t_begin < t_end, code_len, D, G, BLOCK_T)
+    t0 = t_begin * BLOCK_T
+    page_idx = t0 // page_size
+    params = _tile_params(cache, b, h, page_idx, t0 - page_idx * page_size, t0, t_begin < t_end, code_len, D, G,
+                          BLOCK_T, SCALE_WORDS)
     # Tiles before t_whole hold code_len's tokens throughout and skip the token mask; at most the
     # split's last tile (the sequence's last code tile) ends past code_len.
     t_whole = tl.maximum(t_begin, tl.minimum(t_end, code_len // BLOCK_T))
@@ -574,15 +669,15 @@ def _code_partial(
         tile = t_begin
         while tile < t_whole:
             state, params = _tile_step(state, params, cache, q32, b, h, tile, t_end, code_len, HALF, D, G, BITS,
-                                       CLASSES, BLOCK_T, WARPS, INTERPRET, False)
+                                       CLASSES, SCALE_WORDS, BLOCK_T, WARPS, INTERPRET, False)
             tile += 1
     else:  # a for loop: the compiler software-pipelines its loads (NUM_STAGES)
         for tile in range(t_begin, t_whole):
             state, params = _tile_step(state, params, cache, q32, b, h, tile, t_end, code_len, HALF, D, G, BITS,
-                                       CLASSES, BLOCK_T, WARPS, INTERPRET, False)
+                                       CLASSES, SCALE_WORDS, BLOCK_T, WARPS, INTERPRET, False)
     if t_whole < t_end:  # the last code tile, partly past code_len: masked
         state, params = _tile_step(state, params, cache, q32, b, h, t_whole, t_end, code_len, HALF, D, G, BITS,
-                                   CLASSES, BLOCK_T, WARPS, INTERPRET, True)
+                                   CLASSES, SCALE_WORDS, BLOCK_T, WARPS, INTERPRET, True)
     m, l_acc, acc0, acc1, zacc0, zacc1 = state
     l = tl.sum(l_acc, 0)
     inv = 1.0 / tl.where(l > 0.0, l, 1.0)
@@ -643,7 +738,8 @@ def _decode_split_kernel(
     mid_o_ptr, mid_lse_ptr, stride_mo_b, stride_mo_h, stride_mo_s, stride_ml_b, stride_ml_h,
     qk_scale, page_size, num_splits, tiles_per_split,
     GROUP: tl.constexpr, QROWS: tl.constexpr, COLS: tl.constexpr, D: tl.constexpr, G: tl.constexpr,
-    BITS: tl.constexpr, CLASSES: tl.constexpr, BLOCK_T: tl.constexpr, WARPS: tl.constexpr, INTERPRET: tl.constexpr,
+    BITS: tl.constexpr, CLASSES: tl.constexpr, SCALE_WORDS: tl.constexpr, BLOCK_T: tl.constexpr,
+    WARPS: tl.constexpr, INTERPRET: tl.constexpr,
 ):
     """Partial attention of one split of one (sequence, kv head).
 
@@ -652,7 +748,8 @@ def _decode_split_kernel(
     block_table int32 [B, pages]; lens, cache_lens int32 [B] (attended length, cache length).
     Writes mid_o fp32 [B, Hq, splits+1, D] (normalized) and mid_lse fp32 [B, Hq, splits+1]
     (log2-sum-exp, -inf when the split is empty). Program ``splits`` attends the residual window.
-    GROUP = Hq / Hkv; QROWS = fold_rows(GROUP); COLS = mma_columns(GROUP); CLASSES = code_classes(BLOCK_T).
+    GROUP = Hq / Hkv; QROWS = fold_rows(GROUP); COLS = mma_columns(GROUP); CLASSES = code_classes(BLOCK_T);
+    SCALE_WORDS = scale_words(view) (each token's two V scales, and zeros, loaded as one 32-bit word).
     """
     split = tl.program_id(0)
     h = tl.program_id(1)
@@ -667,7 +764,7 @@ def _decode_split_kernel(
             vs_ptr, vz_ptr, stride_vs_p, stride_vs_h, stride_vs_t, bt_ptr, stride_bt_b,
             mid_o_ptr, mid_lse_ptr, stride_mo_b, stride_mo_h, stride_mo_s, stride_ml_b, stride_ml_h,
             b, h, split, code_len, qk_scale, page_size, tiles_per_split,
-            GROUP, QROWS, COLS, D, G, BITS, CLASSES, BLOCK_T, WARPS, INTERPRET)
+            GROUP, QROWS, COLS, D, G, BITS, CLASSES, SCALE_WORDS, BLOCK_T, WARPS, INTERPRET)
     else:
         _residual_partial(
             q_ptr, stride_qb, stride_qh, kr_ptr, vr_ptr, stride_r_b, stride_r_h, stride_r_t,
@@ -740,6 +837,20 @@ def fold_rows(group: int) -> int:
     return 1 if group == 1 else mma_columns(group) // 2
 
 
+def scale_words(view: PagedQuantizedKV) -> bool:
+    """Whether the split kernel may load its 16-bit scales and zeros as 32-bit words: each K scale
+    row two channels a word, each token's two V scale groups one word. Needs 16-bit scales, two
+    V groups per token, unit stride along the last dim, every row 4-byte aligned, and zeros with
+    their scales' strides (the kernel addresses both with one set)."""
+    def aligned(scale, zero):
+        return (scale.element_size() == 2 and scale.stride(-1) == 1 and scale.stride() == zero.stride()
+                and all(stride % 2 == 0 for stride in scale.stride()[:-1])
+                and scale.data_ptr() % 4 == 0 and zero.data_ptr() % 4 == 0)
+
+    return (view.v_scale.shape[-1] == 2 and aligned(view.k_scale, view.k_zero)
+            and aligned(view.v_scale, view.v_zero))
+
+
 def resident_programs(warps: int) -> int:
     """Split programs of ``warps`` warps one SM holds at once, as the register cap allows."""
     return max(1, REGISTER_FILE // ((MAX_REGISTERS or 255) * 32 * warps))
@@ -808,7 +919,7 @@ def _triton_decode(q, view: PagedQuantizedKV, lens, cache_lens, max_code_len, sm
         mid_o, mid_lse, *mid_o.stride()[:3], *mid_lse.stride()[:2],
         sm_scale * LOG2E, view.page_size, splits, per,
         GROUP=group, QROWS=fold_rows(group), COLS=mma_columns(group), D=d, G=g, BITS=view.bits,
-        CLASSES=code_classes(block_t),
+        CLASSES=code_classes(block_t), SCALE_WORDS=scale_words(view),
         BLOCK_T=block_t, WARPS=view.warps, INTERPRET=triton_interpreted(),
         num_warps=view.warps, num_stages=NUM_STAGES, **({"maxnreg": MAX_REGISTERS} if MAX_REGISTERS else {}),
     )
@@ -958,7 +1069,7 @@ def split_spec(dtype: str = "fp16", d: int = 128, bits: int = 3, g: int = 64, gr
         f"decode_split_{dtype}_d{d}_b{bits}_g{g}_gqa{group}_t{tile}w{warps}", _decode_split_kernel,
         _split_signature(f"*{dtype}", f"*{dtype}", "*fp16"),
         {"GROUP": group, "QROWS": fold_rows(group), "COLS": mma_columns(group), "D": d, "G": g, "BITS": bits,
-         "CLASSES": code_classes(tile), "BLOCK_T": tile, "WARPS": warps, "INTERPRET": False},
+         "CLASSES": code_classes(tile), "SCALE_WORDS": d // g == 2, "BLOCK_T": tile, "WARPS": warps, "INTERPRET": False},
         num_warps=warps, num_stages=NUM_STAGES, divisible_ints=_SPLIT_MULTIPLES, maxnreg=MAX_REGISTERS,
     )
 

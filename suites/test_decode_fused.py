@@ -278,3 +278,54 @@ def test_strided_q_and_out(record, device):
     record.backend, record.device = "triton", str(device)
     record.add(max_abs_err=float((got.float() - expected.float()).abs().max()), states_checked=q.numel())
     assert torch.equal(got, expected)
+
+
+def _shifted(t: torch.Tensor) -> torch.Tensor:
+    """t's values in a tensor of the same shape and strides that starts 2 bytes past a 4-byte boundary."""
+    storage = torch.empty(t.numel() + 1, dtype=t.dtype, device=t.device)
+    shifted = storage[1:].view(t.shape)
+    shifted.copy_(t)
+    return shifted
+
+
+@pytest.mark.parametrize("moved", [None, "k_scale", "v_zero"])
+def test_scale_words_and_the_16_bit_fallback(record, device, moved):
+    """The kernel loads its 16-bit scales and zeros as 32-bit words (two K channels, a token's two V
+    groups) where every row is 4-byte aligned; a cache whose scales start mid-word takes the
+    16-bit loads. Both match the reference and each other."""
+    from kernels import decode
+
+    k, v = random_kv(1, 2, 300, 128, device=device, seed=190)
+    q = random_q(1, 4, 128, device=device, seed=191)
+    aligned = _cache(k, v)
+    cache = aligned
+    if moved is not None:
+        fields = {f: getattr(aligned, f) for f in ("k_codes", "k_scale", "k_zero", "v_codes", "v_scale", "v_zero",
+                                                   "k_residual", "v_residual", "seq_lens")}
+        fields[moved] = _shifted(fields[moved])
+        cache = kernels.QuantizedKV(aligned.bits, aligned.group_size, **fields)
+    assert decode.scale_words(decode_view(cache)) is (moved is None)
+    out = run_checked(record, q, cache, original=(k, v), variant=f"scale-words-{moved or 'aligned'}")
+    if moved is not None:
+        expected = decode_attention(q, aligned, backend="triton")
+        assert float((out.float() - expected.float()).abs().max()) <= 1e-3
+
+
+def test_scale_words_needs_16_bit_pairs(record, device):
+    """fp32 scales, one V group per token, or zeros with other strides than their scales keep the
+    16-bit (or 32-bit) loads."""
+    from kernels import decode
+
+    k, v = random_kv(1, 1, 128, 128, device=device, seed=192)
+    record.backend, record.device = "triton", str(device)
+    assert decode.scale_words(decode_view(_cache(k, v)))
+    assert not decode.scale_words(decode_view(_cache(k, v, scale_dtype=torch.float32)))
+    assert not decode.scale_words(decode_view(_cache(k, v, group_size=128)))
+    cache = _cache(k, v)
+    wide = torch.zeros(*cache.v_zero.shape[:-1], 4, dtype=cache.v_zero.dtype, device=cache.v_zero.device)
+    wide[..., :2] = cache.v_zero
+    fields = {f: getattr(cache, f) for f in ("k_codes", "k_scale", "k_zero", "v_codes", "v_scale", "v_zero",
+                                             "k_residual", "v_residual", "seq_lens")}
+    fields["v_zero"] = wide[..., :2]
+    assert not decode.scale_words(decode_view(kernels.QuantizedKV(cache.bits, cache.group_size, **fields)))
+    record.add(states_checked=4)
