@@ -31,7 +31,11 @@ Triton path, two kernels:
    a head-major q stored them with bank conflicts) and V scales into p per channel
    group (each group's codes unpacked from its own words, _load_tile_halves); zero points
    become a rank-1 correction (one bias per head for K, a sum over the tokens for V, per
-   channel group). The rounding of q*s and p*s to fp16 is split into a hi and a lo column per
+   channel group). A tile's scales and zeros are loaded a tile ahead, 16-bit ones as 32-bit words
+   where the rows allow it (two K channels, or a token's two V groups, a word: scale_words), and
+   widened to fp32 only when their tile is attended, so nothing waits on them in the tile that
+   loads them; the next tile's page position comes by increment (no division per tile). The
+   rounding of q*s and p*s to fp16 is split into a hi and a lo column per
    head, so the products carry about 22 bits (fewer once a low part falls below fp16's normal range,
    3 and 6 bits sooner for the operands taken with 1/8 and 1/64). The softmax weights reach the V product
    through shared memory (the logits' accumulator fragment is not a B-operand fragment); V
