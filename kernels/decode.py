@@ -413,12 +413,12 @@ def _v_group(acc, zacc, p, alpha, v, s, z, HALF: tl.constexpr, BLOCK_T: tl.const
 
 @triton.jit
 def _tile_params(
-    cache, b, h, page_idx, off, t0, live, code_len, D: tl.constexpr, G: tl.constexpr, BLOCK_T: tl.constexpr,
-    SCALE_WORDS: tl.constexpr,
+    cache, b, h, page, page_idx, off, t0, live, code_len, D: tl.constexpr, G: tl.constexpr,
+    BLOCK_T: tl.constexpr, SCALE_WORDS: tl.constexpr,
 ):
     """(page, offset, K scale and zero [D] per channel, V scale and zero [T] per token for channel
     groups 0 and 1, page_idx) of the tile at token t0 of its sequence, token off of its page_idx-th
-    block-table entry, from the cache tuple (_cache_tuple), as loaded (masked tokens read
+    block-table entry (page, _page), from the cache tuple (_cache_tuple), as loaded (masked tokens read
     as 0): widened to fp32 only where the tile is attended (_tile_scales), a tile later, so that
     nothing waits on these loads in the tile that issues them. SCALE_WORDS (two 16-bit V scale
     groups per token, 4-byte aligned rows): each token's two scales come as one 32-bit word
@@ -428,10 +428,8 @@ def _tile_params(
     NGV: tl.constexpr = D // G
     ks_ptr, kz_ptr, stride_ks_p, stride_ks_h, stride_ks_g = cache[4], cache[5], cache[6], cache[7], cache[8]
     vs_ptr, vz_ptr, stride_vs_p, stride_vs_h, stride_vs_t = cache[13], cache[14], cache[15], cache[16], cache[17]
-    bt_ptr, stride_bt_b = cache[18], cache[19]
     d = tl.arange(0, D)
     tt = tl.arange(0, BLOCK_T)
-    page = tl.load(bt_ptr + b * stride_bt_b + page_idx, mask=live, other=0).to(tl.int64)
     krow = page * stride_ks_p + h * stride_ks_h + (off // G) * stride_ks_g
     kbase = krow + d
     # Vector masks built by a vector comparison: triton 3.9's interpreter keeps a scalar
@@ -464,6 +462,21 @@ def _tile_params(
             vs1 = tl.load(vs_ptr + vbase + 1, mask=valid, other=0.0)
             vz1 = tl.load(vz_ptr + vbase + 1, mask=valid, other=0.0)
     return page, off, ks, kz, vs0, vz0, vs1, vz1, page_idx
+
+
+@triton.jit
+def _page(cache, b, page_idx, live):
+    """Block-table entry page_idx of sequence b (0 where not live), as int64."""
+    bt_ptr, stride_bt_b = cache[18], cache[19]
+    return tl.load(bt_ptr + b * stride_bt_b + page_idx, mask=live, other=0).to(tl.int64)
+
+
+@triton.jit
+def _code_length(lens_ptr, cache_lens_ptr, b, G: tl.constexpr):
+    """(tokens attended, tokens in whole quantized groups among them) of sequence b."""
+    length = tl.load(lens_ptr + b)
+    cached = tl.load(cache_lens_ptr + b)
+    return length, tl.minimum(length, (cached // G) * G)
 
 
 @triton.jit
@@ -624,8 +637,9 @@ def _tile_step(
     (whose page and scales, params, the previous step fetched). Returns the softmax state and
     the next tile's parameters."""
     page_idx, off = _next_position(params[8], params[1], cache[20], BLOCK_T)
-    nxt = _tile_params(cache, b, h, page_idx, off, (tile + 1) * BLOCK_T, tile + 1 < t_end, code_len, D, G, BLOCK_T,
-                       SCALE_WORDS)
+    live = tile + 1 < t_end
+    nxt = _tile_params(cache, b, h, _page(cache, b, page_idx, live), page_idx, off, (tile + 1) * BLOCK_T, live,
+                       code_len, D, G, BLOCK_T, SCALE_WORDS)
     state = _code_tile(state, params, cache, q32, h, tile, code_len, HALF, D, G, BITS, CLASSES, SCALE_WORDS,
                        BLOCK_T, WARPS, INTERPRET, MASKED)
     return state, nxt
@@ -637,7 +651,7 @@ def _code_partial(
     ks_ptr, kz_ptr, stride_ks_p, stride_ks_h, stride_ks_g, vw_ptr, stride_vw_p, stride_vw_h, stride_vw_t,
     vs_ptr, vz_ptr, stride_vs_p, stride_vs_h, stride_vs_t, bt_ptr, stride_bt_b,
     mid_o_ptr, mid_lse_ptr, stride_mo_b, stride_mo_h, stride_mo_s, stride_ml_b, stride_ml_h,
-    b, h, split, code_len, qk_scale, page_size, tiles_per_split,
+    b, h, split, lens_ptr, cache_lens_ptr, qk_scale, page_size, tiles_per_split, table_cols,
     GROUP: tl.constexpr, QROWS: tl.constexpr, COLS: tl.constexpr, D: tl.constexpr, G: tl.constexpr,
     BITS: tl.constexpr, CLASSES: tl.constexpr, SCALE_WORDS: tl.constexpr, BLOCK_T: tl.constexpr,
     WARPS: tl.constexpr, INTERPRET: tl.constexpr,
@@ -661,11 +675,16 @@ def _code_partial(
              tl.zeros([G, COLS], tl.float32), tl.zeros([G1, COLS], tl.float32),
              tl.zeros([HALF], tl.float32), tl.zeros([HALF], tl.float32))  # m, l_acc, acc0, acc1, zacc0, zacc1
     t_begin = split * tiles_per_split
-    t_end = tl.minimum(t_begin + tiles_per_split, (code_len + BLOCK_T - 1) // BLOCK_T)
     t0 = t_begin * BLOCK_T
     page_idx = t0 // page_size
-    params = _tile_params(cache, b, h, page_idx, t0 - page_idx * page_size, t0, t_begin < t_end, code_len, D, G,
-                          BLOCK_T, SCALE_WORDS)
+    # the first page is read before the sequence's length, bounded by the block table's width
+    # alone, so that the two loads go out together (past the length, its scales and codes are
+    # not read)
+    page = _page(cache, b, page_idx, page_idx < table_cols)
+    code_len = _code_length(lens_ptr, cache_lens_ptr, b, G)[1]
+    t_end = tl.minimum(t_begin + tiles_per_split, (code_len + BLOCK_T - 1) // BLOCK_T)
+    params = _tile_params(cache, b, h, page, page_idx, t0 - page_idx * page_size, t0, t_begin < t_end, code_len,
+                          D, G, BLOCK_T, SCALE_WORDS)
     # Tiles before t_whole hold code_len's tokens throughout and skip the token mask; at most the
     # split's last tile (the sequence's last code tile) ends past code_len.
     t_whole = tl.maximum(t_begin, tl.minimum(t_end, code_len // BLOCK_T))
@@ -737,7 +756,7 @@ def _decode_split_kernel(
     vw_ptr, stride_vw_p, stride_vw_h, stride_vw_t,
     vs_ptr, vz_ptr, stride_vs_p, stride_vs_h, stride_vs_t,
     kr_ptr, vr_ptr, stride_r_b, stride_r_h, stride_r_t,
-    bt_ptr, stride_bt_b,
+    bt_ptr, stride_bt_b, table_cols,
     lens_ptr, cache_lens_ptr,
     mid_o_ptr, mid_lse_ptr, stride_mo_b, stride_mo_h, stride_mo_s, stride_ml_b, stride_ml_h,
     qk_scale, page_size, num_splits, tiles_per_split,
@@ -749,7 +768,7 @@ def _decode_split_kernel(
 
     q [B, Hq, D] fp16/bf16; k_words, v_words int32 [NP, H, P/BLOCK_T, W] (tiles, kernels.paged);
     k_scale/k_zero [NP, H, P/G, D]; v_scale/v_zero [NP, H, P, D/G]; k/v_residual [B, H, G, D];
-    block_table int32 [B, pages]; lens, cache_lens int32 [B] (attended length, cache length).
+    block_table int32 [B, table_cols]; lens, cache_lens int32 [B] (attended length, cache length).
     Writes mid_o fp32 [B, Hq, splits+1, D] (normalized) and mid_lse fp32 [B, Hq, splits+1]
     (log2-sum-exp, -inf when the split is empty). Program ``splits`` attends the residual window.
     GROUP = Hq / Hkv; QROWS = fold_rows(GROUP); COLS = mma_columns(GROUP); CLASSES = code_classes(BLOCK_T);
@@ -758,18 +777,16 @@ def _decode_split_kernel(
     split = tl.program_id(0)
     h = tl.program_id(1)
     b = tl.program_id(2).to(tl.int64)
-    length = tl.load(lens_ptr + b)
-    cached = tl.load(cache_lens_ptr + b)
-    code_len = tl.minimum(length, (cached // G) * G)
     if split < num_splits:
         _code_partial(
             q_ptr, stride_qb, stride_qh, kw_ptr, stride_kw_p, stride_kw_h, stride_kw_t,
             ks_ptr, kz_ptr, stride_ks_p, stride_ks_h, stride_ks_g, vw_ptr, stride_vw_p, stride_vw_h, stride_vw_t,
             vs_ptr, vz_ptr, stride_vs_p, stride_vs_h, stride_vs_t, bt_ptr, stride_bt_b,
             mid_o_ptr, mid_lse_ptr, stride_mo_b, stride_mo_h, stride_mo_s, stride_ml_b, stride_ml_h,
-            b, h, split, code_len, qk_scale, page_size, tiles_per_split,
+            b, h, split, lens_ptr, cache_lens_ptr, qk_scale, page_size, tiles_per_split, table_cols,
             GROUP, QROWS, COLS, D, G, BITS, CLASSES, SCALE_WORDS, BLOCK_T, WARPS, INTERPRET)
     else:
+        length, code_len = _code_length(lens_ptr, cache_lens_ptr, b, G)
         _residual_partial(
             q_ptr, stride_qb, stride_qh, kr_ptr, vr_ptr, stride_r_b, stride_r_h, stride_r_t,
             mid_o_ptr, mid_lse_ptr, stride_mo_b, stride_mo_h, stride_mo_s, stride_ml_b, stride_ml_h,
@@ -918,7 +935,7 @@ def _triton_decode(q, view: PagedQuantizedKV, lens, cache_lens, max_code_len, sm
         view.v_words, *view.v_words.stride()[:3],
         view.v_scale, view.v_zero, *view.v_scale.stride()[:3],
         kr, vr, *kr.stride()[:3],
-        view.block_table, view.block_table.stride(0),
+        view.block_table, view.block_table.stride(0), view.block_table.shape[1],
         lens, cache_lens,
         mid_o, mid_lse, *mid_o.stride()[:3], *mid_lse.stride()[:2],
         sm_scale * LOG2E, view.page_size, splits, per,
@@ -1048,7 +1065,7 @@ def _split_signature(q_type: str, res_type: str, scale_type: str) -> dict:
            "vs_ptr": scale_type, "vz_ptr": scale_type, "stride_vs_p": "i64", "stride_vs_h": "i32",
            "stride_vs_t": "i32",
            "kr_ptr": res_type, "vr_ptr": res_type, "stride_r_b": "i32", "stride_r_h": "i32", "stride_r_t": "i32",
-           "bt_ptr": "*i32", "stride_bt_b": "i32", "lens_ptr": "*i32", "cache_lens_ptr": "*i32",
+           "bt_ptr": "*i32", "stride_bt_b": "i32", "table_cols": "i32", "lens_ptr": "*i32", "cache_lens_ptr": "*i32",
            "mid_o_ptr": "*fp32", "mid_lse_ptr": "*fp32", "stride_mo_b": "i32", "stride_mo_h": "i32",
            "stride_mo_s": "i32", "stride_ml_b": "i32", "stride_ml_h": "i32",
            "qk_scale": "fp32", "page_size": "i32", "num_splits": "i32", "tiles_per_split": "i32"}
