@@ -420,11 +420,12 @@ def _tile_params(
     groups 0 and 1, page_idx) of the tile at token t0 of its sequence, token off of its page_idx-th
     block-table entry (page, _page), from the cache tuple (_cache_tuple), as loaded (masked tokens read
     as 0): widened to fp32 only where the tile is attended (_tile_scales), a tile later, so that
-    nothing waits on these loads in the tile that issues them. SCALE_WORDS (two 16-bit V scale
-    groups per token, 4-byte aligned rows): each token's two scales come as one 32-bit word
+    nothing waits on these loads in the tile that issues them. SCALE_WORDS (16-bit scales, two V
+    groups per token, 4-byte aligned rows, scale_words): K scales and zeros come as uint32
+    [D / 4, 2] words of two channels, each token's two V scales (and zeros) as one uint32 word
     (vs0, vz0; vs1 and vz1 repeat them), which needs no packing of 16-bit halves after the load.
-    Loaded one tile ahead of their use: they are too narrow for the asynchronous copies that
-    pipeline the code words."""
+    Loaded one tile ahead of their use by plain loads (the code words come through the compiler's
+    pipelined asynchronous copies)."""
     NGV: tl.constexpr = D // G
     ks_ptr, kz_ptr, stride_ks_p, stride_ks_h, stride_ks_g = cache[4], cache[5], cache[6], cache[7], cache[8]
     vs_ptr, vz_ptr, stride_vs_p, stride_vs_h, stride_vs_t = cache[13], cache[14], cache[15], cache[16], cache[17]
