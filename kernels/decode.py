@@ -94,6 +94,9 @@ MERGE_COLUMNS = 32  # channels per merge program (H200: 32 on one warp 1.7 us at
 MERGE_WARPS = 1
 LOG2E = 1.4426950408889634
 UNIT_INV = tl.constexpr(16777216.0)  # 2^24: the products count codes as code * 2^-24 (_class_factors)
+# Both 16-bit halves of a 32-bit register widened to fp32, low half to $0 (_widen, _widen_pair)
+WIDEN_F16_PAIR = tl.constexpr("{ .reg .b16 lo, hi; mov.b32 {lo, hi}, $2; cvt.f32.f16 $0, lo; cvt.f32.f16 $1, hi; }")
+WIDEN_BF16_PAIR = tl.constexpr("{ .reg .b16 lo, hi; mov.b32 {lo, hi}, $2; cvt.f32.bf16 $0, lo; cvt.f32.bf16 $1, hi; }")
 
 
 # ----------------------------------------------------------------------------- references
@@ -432,10 +435,8 @@ def _tile_params(
     d = tl.arange(0, D)
     tt = tl.arange(0, BLOCK_T)
     krow = page * stride_ks_p + h * stride_ks_h + (off // G) * stride_ks_g
-    kbase = krow + d
     # Vector masks built by a vector comparison: triton 3.9's interpreter keeps a scalar
     # comparison's result as int32 data, which `&` would carry into a load mask it rejects.
-    k_live = d < tl.where(live, D, 0)
     if SCALE_WORDS:
         # words as [D / 4, 2]: a [T]-shaped load would share its per-thread vector width with the V
         # scale loads (the compiler's coalescing groups loads of one shape), which want one per thread
@@ -445,23 +446,22 @@ def _tile_params(
         ks = tl.load(ks_ptr.to(tl.pointer_type(tl.uint32), bitcast=True) + kword, mask=w_live, other=0)
         kz = tl.load(kz_ptr.to(tl.pointer_type(tl.uint32), bitcast=True) + kword, mask=w_live, other=0)
     else:
-        ks = tl.load(ks_ptr + kbase, mask=k_live, other=0.0)
-        kz = tl.load(kz_ptr + kbase, mask=k_live, other=0.0)
+        k_live = d < tl.where(live, D, 0)
+        ks = tl.load(ks_ptr + krow + d, mask=k_live, other=0.0)
+        kz = tl.load(kz_ptr + krow + d, mask=k_live, other=0.0)
     vbase = page * stride_vs_p + h * stride_vs_h + (off + tt) * stride_vs_t
     valid = (t0 + tt < code_len) & (tt < tl.where(live, BLOCK_T, 0))
     if SCALE_WORDS:
         vs0 = tl.load((vs_ptr + vbase).to(tl.pointer_type(tl.uint32)), mask=valid, other=0)
         vz0 = tl.load((vz_ptr + vbase).to(tl.pointer_type(tl.uint32)), mask=valid, other=0)
-        vs1 = vs0
-        vz1 = vz0
     else:
         vs0 = tl.load(vs_ptr + vbase, mask=valid, other=0.0)
         vz0 = tl.load(vz_ptr + vbase, mask=valid, other=0.0)
-        vs1 = vs0
-        vz1 = vz0
-        if NGV == 2:
-            vs1 = tl.load(vs_ptr + vbase + 1, mask=valid, other=0.0)
-            vz1 = tl.load(vz_ptr + vbase + 1, mask=valid, other=0.0)
+    vs1 = vs0
+    vz1 = vz0
+    if NGV == 2 and not SCALE_WORDS:
+        vs1 = tl.load(vs_ptr + vbase + 1, mask=valid, other=0.0)
+        vz1 = tl.load(vz_ptr + vbase + 1, mask=valid, other=0.0)
     return page, off, ks, kz, vs0, vz0, vs1, vz1, page_idx
 
 
@@ -497,13 +497,9 @@ def _widen(x, INTERPRET: tl.constexpr):
     if INTERPRET or x.dtype == tl.float32:
         return x.to(tl.float32)
     elif x.dtype == tl.bfloat16:
-        return tl.inline_asm_elementwise(
-            "{ .reg .b16 lo, hi; mov.b32 {lo, hi}, $2; cvt.f32.bf16 $0, lo; cvt.f32.bf16 $1, hi; }",
-            "=r,=r,r", [x], dtype=tl.float32, is_pure=True, pack=2)
+        return tl.inline_asm_elementwise(WIDEN_BF16_PAIR, "=r,=r,r", [x], dtype=tl.float32, is_pure=True, pack=2)
     else:
-        return tl.inline_asm_elementwise(
-            "{ .reg .b16 lo, hi; mov.b32 {lo, hi}, $2; cvt.f32.f16 $0, lo; cvt.f32.f16 $1, hi; }",
-            "=r,=r,r", [x], dtype=tl.float32, is_pure=True, pack=2)
+        return tl.inline_asm_elementwise(WIDEN_F16_PAIR, "=r,=r,r", [x], dtype=tl.float32, is_pure=True, pack=2)
 
 
 @triton.jit
@@ -514,13 +510,11 @@ def _widen_pair(w, scale_dtype: tl.constexpr, INTERPRET: tl.constexpr):
         hi = (w >> 16).to(tl.uint16).to(scale_dtype, bitcast=True).to(tl.float32)
         return lo, hi
     elif scale_dtype == tl.bfloat16:
-        return tl.inline_asm_elementwise(
-            "{ .reg .b16 lo, hi; mov.b32 {lo, hi}, $2; cvt.f32.bf16 $0, lo; cvt.f32.bf16 $1, hi; }",
-            "=r,=r,r", [w], dtype=(tl.float32, tl.float32), is_pure=True, pack=1)
+        return tl.inline_asm_elementwise(WIDEN_BF16_PAIR, "=r,=r,r", [w], dtype=(tl.float32, tl.float32),
+                                         is_pure=True, pack=1)
     else:
-        return tl.inline_asm_elementwise(
-            "{ .reg .b16 lo, hi; mov.b32 {lo, hi}, $2; cvt.f32.f16 $0, lo; cvt.f32.f16 $1, hi; }",
-            "=r,=r,r", [w], dtype=(tl.float32, tl.float32), is_pure=True, pack=1)
+        return tl.inline_asm_elementwise(WIDEN_F16_PAIR, "=r,=r,r", [w], dtype=(tl.float32, tl.float32),
+                                         is_pure=True, pack=1)
 
 
 @triton.jit
@@ -564,8 +558,8 @@ def _cache_tuple(kw_ptr, stride_kw_p, stride_kw_h, stride_kw_t, ks_ptr, kz_ptr, 
 @triton.jit
 def _code_tile(
     state, params, cache, q32, h, tile, code_len, HALF: tl.constexpr, D: tl.constexpr, G: tl.constexpr,
-    BITS: tl.constexpr, CLASSES: tl.constexpr, SCALE_WORDS: tl.constexpr, BLOCK_T: tl.constexpr, WARPS: tl.constexpr, INTERPRET: tl.constexpr,
-    MASKED: tl.constexpr,
+    BITS: tl.constexpr, CLASSES: tl.constexpr, SCALE_WORDS: tl.constexpr, BLOCK_T: tl.constexpr,
+    WARPS: tl.constexpr, INTERPRET: tl.constexpr, MASKED: tl.constexpr,
 ):
     """Attend one tile of BLOCK_T quantized tokens (one page, one K scale group) and return the
     softmax state (m, l_acc, acc0, acc1, zacc0, zacc1); params are the tile's (_tile_params).
@@ -631,8 +625,8 @@ def _store_lse(mid_lse_ptr, b, heads, split, stride_ml_b, stride_ml_h, m, l, kee
 @triton.jit
 def _tile_step(
     state, params, cache, q32, b, h, tile, t_end, code_len, HALF: tl.constexpr, D: tl.constexpr,
-    G: tl.constexpr, BITS: tl.constexpr, CLASSES: tl.constexpr, SCALE_WORDS: tl.constexpr, BLOCK_T: tl.constexpr, WARPS: tl.constexpr,
-    INTERPRET: tl.constexpr, MASKED: tl.constexpr,
+    G: tl.constexpr, BITS: tl.constexpr, CLASSES: tl.constexpr, SCALE_WORDS: tl.constexpr,
+    BLOCK_T: tl.constexpr, WARPS: tl.constexpr, INTERPRET: tl.constexpr, MASKED: tl.constexpr,
 ):
     """One step of a split's tile loop: fetch the next tile's page and scales, attend this tile
     (whose page and scales, params, the previous step fetched). Returns the softmax state and
@@ -773,7 +767,7 @@ def _decode_split_kernel(
     Writes mid_o fp32 [B, Hq, splits+1, D] (normalized) and mid_lse fp32 [B, Hq, splits+1]
     (log2-sum-exp, -inf when the split is empty). Program ``splits`` attends the residual window.
     GROUP = Hq / Hkv; QROWS = fold_rows(GROUP); COLS = mma_columns(GROUP); CLASSES = code_classes(BLOCK_T);
-    SCALE_WORDS = scale_words(view) (each token's two V scales, and zeros, loaded as one 32-bit word).
+    SCALE_WORDS = scale_words(view) (16-bit scales and zeros loaded as 32-bit words, _tile_params).
     """
     split = tl.program_id(0)
     h = tl.program_id(1)

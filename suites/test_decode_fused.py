@@ -8,6 +8,8 @@ Triton kernel runs in the interpreter with small shapes; on a GPU it is compiled
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 from decode_support import (
@@ -300,10 +302,7 @@ def test_scale_words_and_the_16_bit_fallback(record, device, moved):
     aligned = _cache(k, v)
     cache = aligned
     if moved is not None:
-        fields = {f: getattr(aligned, f) for f in ("k_codes", "k_scale", "k_zero", "v_codes", "v_scale", "v_zero",
-                                                   "k_residual", "v_residual", "seq_lens")}
-        fields[moved] = _shifted(fields[moved])
-        cache = kernels.QuantizedKV(aligned.bits, aligned.group_size, **fields)
+        cache = dataclasses.replace(aligned, **{moved: _shifted(getattr(aligned, moved))})
     assert decode.scale_words(decode_view(cache)) is (moved is None)
     out = run_checked(record, q, cache, original=(k, v), variant=f"scale-words-{moved or 'aligned'}")
     if moved is not None:
@@ -324,8 +323,5 @@ def test_scale_words_needs_16_bit_pairs(record, device):
     cache = _cache(k, v)
     wide = torch.zeros(*cache.v_zero.shape[:-1], 4, dtype=cache.v_zero.dtype, device=cache.v_zero.device)
     wide[..., :2] = cache.v_zero
-    fields = {f: getattr(cache, f) for f in ("k_codes", "k_scale", "k_zero", "v_codes", "v_scale", "v_zero",
-                                             "k_residual", "v_residual", "seq_lens")}
-    fields["v_zero"] = wide[..., :2]
-    assert not decode.scale_words(decode_view(kernels.QuantizedKV(cache.bits, cache.group_size, **fields)))
+    assert not decode.scale_words(decode_view(dataclasses.replace(cache, v_zero=wide[..., :2])))
     record.add(states_checked=4)
