@@ -13,8 +13,9 @@ Triton path, two kernels:
    and keeps an online softmax (running max, per-token sums, accumulators) for the
    ``Hq / Hkv`` query heads of its kv head, so each K/V tile is loaded once for the whole
    group. Both tensor-core products take the code tiles as their A operand (tokens as M for
-   the logits, channels as M for the output) and the query heads as N (mma_columns: 8 or
-   more, 16 before triton 3.5): each head's hi and lo column (below). Each thread loads
+   the logits, channels as M for the output) and the query heads as N (8 or more, 16 before
+   triton 3.5): each head's hi and lo column of q * s for the logits (mma_columns), one column
+   of weights per head for the output (weight_columns). Each thread loads
    exactly the words of its own operand fragment (the tile arrangement of
    :mod:`kernels.paged`) and turns two codes into the fp16 pair the tensor cores read with a
    mask (and a shift for fields higher up):
@@ -26,20 +27,24 @@ Triton path, two kernels:
    1/8 or 1/64 on the other operand (q per channel, p per token) makes them all count as
    code * 2^-24 (_class_factors; the operands only shrink, so their fp16 range is that of
    q * s and p * s). Scales never touch the codes: K scales are folded into q per tile
-   (on the one query head when Hq = Hkv; q is held channel-major, a channel's heads in
-   neighbouring lanes, the order in which q*s's columns go to shared memory for the product:
-   a head-major q stored them with bank conflicts) and V scales into p per channel
+   (on the one query head when Hq = Hkv, whose hi and lo words reach the operand by a gather,
+   _q_operand; for GQA q is held channel-major, a channel's heads in neighbouring lanes, the
+   order in which q*s's columns go to shared memory for the product: a head-major q stored
+   them with bank conflicts) and V scales into p per channel
    group (each group's codes unpacked from its own words, _load_tile_halves); zero points
    become a rank-1 correction (one bias per head for K, a sum over the tokens for V, per
    channel group). A tile's scales and zeros are loaded a tile ahead, 16-bit ones as 32-bit words
    where the rows allow it (two K channels, or a token's two V groups, a word: scale_words), and
    widened to fp32 only when their tile is attended, so nothing waits on them in the tile that
    loads them; the next tile's page position comes by increment (no division per tile). The
-   rounding of q*s and p*s to fp16 is split into a hi and a lo column per
-   head, so the products carry about 22 bits (fewer once a low part falls below fp16's normal range,
-   3 and 6 bits sooner for the operands taken with 1/8 and 1/64). The softmax weights reach the V product
-   through shared memory (the logits' accumulator fragment is not a B-operand fragment); V
-   tiles keep their tokens in :func:`kernels.paged.kernel_token_order`. Only the sequence's
+   rounding of q*s to fp16 is split into a hi and a lo column per head, so the logits carry
+   about 22 bits (fewer once a low part falls below fp16's normal range, 3 and 6 bits sooner for
+   the operands taken with 1/8 and 1/64): an error in a logit is an error in its weight's
+   exponent. The weights p*s are rounded once to fp16, as flash attention rounds its
+   probabilities (a relative 2^-12 on each term of the output, below the fp16 output's own
+   rounding), and reach the V product's B operand from the logits' accumulator by a gather
+   that compiles to one warp shuffle per operand register (_weight_operand): V tiles keep their
+   tokens in the order that makes it so (:func:`kernels.paged.kernel_token_order`). Only the sequence's
    last code tile, which may end past the attended length, is masked (the loop over whole
    tiles has no token mask). The last program attends the fp residual window. Each writes a
    normalized partial output and its log-sum-exp (base 2).
@@ -239,8 +244,8 @@ def _class_factors(k, BITS: tl.constexpr, CLASSES: tl.constexpr):
 @triton.jit
 def _v_index(t):
     """The V product's reduction index of natural token t of a tile (the inverse of
-    kernels.paged.kernel_token_order: within each 16, token 8h + 2c + p at 4c + 2h + p)."""
-    return (t & ~15) | (((t >> 3) & 1) << 1) | (((t >> 1) & 3) << 2) | (t & 1)
+    kernels.paged.kernel_token_order: within each 16, token 8b + 2c + a at 4c + 2a + b)."""
+    return (t & ~15) | ((t & 7) << 1) | ((t >> 3) & 1)
 
 
 @triton.jit
@@ -361,55 +366,108 @@ def _hi_lo(x):
 
 
 @triton.jit
-def _hi_lo_cols(x, T: tl.constexpr, HALF: tl.constexpr):
-    """fp32 [T, HALF] -> fp16 [T, 2 * HALF]: column 2 j holds fl16(x[:, j]), column 2 j + 1 the
-    remainder fl16(x - fl16(x)); their sum carries about 22 bits."""
-    hi, lo = _hi_lo(x)
-    return tl.reshape(tl.join(hi, lo), [T, 2 * HALF])
+def _fold_k_scales(q32, ks, kz, HALF: tl.constexpr, D: tl.constexpr, INTERPRET: tl.constexpr):
+    """K scales [D] folded into q32 [D, QROWS] (one query head per column): (the K product's B
+    operand fp16 [D, 2 HALF], bias [HALF] = (q*s) . zero). Columns 2 h and 2 h + 1 hold head h's
+    hi(q*s) = fl16(q*s) and lo(q*s) = fl16(q*s - hi), whose sum carries about 22 bits.
 
-
-@triton.jit
-def _fold_k_scales(q32, ks, kz, HALF: tl.constexpr, D: tl.constexpr):
-    """K scales [D] folded into q32 [D, QROWS] (one query head per column): (fp16 [D, 2 HALF],
-    columns hi(q*s) and lo(q*s) of each head in turn, bias [HALF] = (q*s) . zero). With one query
-    head per kv head (QROWS = 1) its hi and lo fill columns 0 and 1, zeros the others, and every
-    bias entry repeats its bias; for GQA (QROWS = HALF) each head's hi and lo join into its two
-    columns where they are (no transpose)."""
-    hi, lo = _hi_lo(q32 * ks[:, None])
-    bias = tl.sum((hi.to(tl.float32) + lo.to(tl.float32)) * kz[:, None], 0)
+    With one query head per kv head (QROWS = 1) every head slot repeats it (and every bias entry
+    its bias): each thread packs its channel pairs' hi and lo into 32-bit words where they are
+    computed and the words are gathered into the operand's registers (_q_operand; no shared
+    memory). For GQA (QROWS = HALF) each head's hi and lo join into its two columns where they
+    are, and the compiler takes the operand through shared memory (a gather there shuffles more
+    and spills)."""
+    x = q32 * ks[:, None]
+    bias = tl.sum(x * kz[:, None], 0)
     if q32.shape[1] == 1:
-        col = tl.arange(0, 2 * HALF)[None, :]
-        qs = tl.where(col == 0, hi, tl.where(col == 1, lo, 0.0).to(tl.float16))
-        return qs, tl.zeros([HALF], tl.float32) + bias
+        return _q_operand(x, HALF, D, INTERPRET), tl.zeros([HALF], tl.float32) + bias
     else:
+        hi, lo = _hi_lo(x)
         return tl.reshape(tl.join(hi, lo), [D, 2 * HALF]), bias
 
 
 @triton.jit
-def _cols2(x, HALF: tl.constexpr):
-    """[HALF] -> [2 * HALF]: the same value for a head's hi and lo columns."""
-    return tl.reshape(tl.join(x, x), [2 * HALF])
+def _q_operand(x, HALF: tl.constexpr, D: tl.constexpr, INTERPRET: tl.constexpr):
+    """fp32 q*s [D, 1] of one query head -> fp16 [D, 2 HALF], column n its hi (n even) or lo (n odd)."""
+    hi = x.to(tl.float16).to(tl.float32)
+    hi_even, hi_odd = tl.split(tl.reshape(hi, [D // 2, 2]))
+    lo_even, lo_odd = tl.split(tl.reshape(x - hi, [D // 2, 2]))
+    words = tl.reshape(tl.join(_f16x2(hi_even, hi_odd, INTERPRET), _f16x2(lo_even, lo_odd, INTERPRET)), [D])
+    pair = tl.arange(0, D // 2)[:, None]
+    n = tl.arange(0, 2 * HALF)[None, :]
+    index = tl.reshape(2 * pair + n % 2, [D * HALF])
+    halves = tl.reshape(_fp16_pairs(tl.gather(words, index, 0), INTERPRET), [D // 2, 2 * HALF, 2])
+    return tl.reshape(tl.permute(halves, (0, 2, 1)), [D, 2 * HALF])
 
 
 @triton.jit
-def _fragment_rows(x, T: tl.constexpr, C: tl.constexpr):
-    """[T, C] -> [T, C] with row (token) 16 i + 8 h + 2 c + p moved to 16 i + 4 c + 2 h + p: the
-    order of kernels.paged's V tiles (kernel_token_order)."""
-    return tl.reshape(tl.permute(tl.reshape(x, [T // 16, 2, 4, 2, C]), (0, 2, 1, 3, 4)), [T, C])
+def _head_cols(x, HALF: tl.constexpr, VCOLS: tl.constexpr):
+    """[HALF] per head slot -> [VCOLS], the V product's columns: slot n // (VCOLS / HALF) in
+    column n (two neighbouring columns a slot where VCOLS = 2 HALF, as the logits' accumulator
+    holds the slots: no shuffle)."""
+    if VCOLS == HALF:
+        return x
+    else:
+        return tl.reshape(tl.join(x, x), [VCOLS])
 
 
 @triton.jit
-def _v_group(acc, zacc, p, alpha, v, s, z, HALF: tl.constexpr, BLOCK_T: tl.constexpr):
+def _head_part(acc, G: tl.constexpr, HALF: tl.constexpr, VCOLS: tl.constexpr):
+    """V accumulator [G, VCOLS] -> [G, HALF]: each head slot's first column (_head_cols)."""
+    if VCOLS == HALF:
+        return acc
+    else:
+        first, _ = tl.split(tl.reshape(acc, [G, HALF, 2]))
+        return first
+
+
+@triton.jit
+def _f16x2(lo, hi, INTERPRET: tl.constexpr):
+    """fp32 lo, hi -> uint32 words holding fl16(lo) in the low and fl16(hi) in the high half (one
+    round-to-nearest-even convert of both, compiled)."""
+    if INTERPRET:
+        lo16 = lo.to(tl.float16).to(tl.uint16, bitcast=True).to(tl.uint32)
+        hi16 = hi.to(tl.float16).to(tl.uint16, bitcast=True).to(tl.uint32)
+        return lo16 | (hi16 << 16)
+    else:
+        return tl.inline_asm_elementwise("cvt.rn.f16x2.f32 $0, $2, $1;", "=r,r,r", [lo, hi], dtype=tl.uint32,
+                                         is_pure=True, pack=1)
+
+
+@triton.jit
+def _weight_operand(w, T: tl.constexpr, HALF: tl.constexpr, VCOLS: tl.constexpr, INTERPRET: tl.constexpr):
+    """Softmax weights with the V scales folded in, fp32 [T, HALF] (natural token order, the
+    logits' accumulator layout) -> the V product's B operand fp16 [T, VCOLS]: row k holds token
+    kernels.paged.kernel_token_order[k] (16 j + 4 c + 2 a + b: token 16 j + 8 b + 2 c + a),
+    column n head slot n // (VCOLS / HALF) (_head_cols), each weight rounded once to fp16 (as flash attention rounds its
+    probabilities; the output's own fp16 rounding is larger). Tokens t and t + 8 of each 16, which
+    one thread holds in the logits' accumulator, are packed into one 32-bit word where they are,
+    and the words gathered into the rows the tensor cores read: with one warp, one shuffle per
+    register of the operand (the rows' order is chosen for that)."""
+    lo, hi = tl.split(tl.permute(tl.reshape(w, [T // 16, 2, 8, HALF]), (0, 2, 3, 1)))  # tokens 16 i + r, + 8
+    words = tl.reshape(_f16x2(lo, hi, INTERPRET), [T // 16 * 8 * HALF])
+    j = tl.arange(0, T // 16)[:, None, None, None]
+    c = tl.arange(0, 4)[None, :, None, None]
+    a = tl.arange(0, 2)[None, None, :, None]
+    n = tl.arange(0, VCOLS)[None, None, None, :]
+    index = tl.reshape((8 * j + 2 * c + a) * HALF + n // (VCOLS // HALF), [T // 16 * 8 * VCOLS])
+    halves = tl.reshape(_fp16_pairs(tl.gather(words, index, 0), INTERPRET), [T // 16, 4, 2, VCOLS, 2])
+    return tl.reshape(tl.permute(halves, (0, 1, 2, 4, 3)), [T, VCOLS])
+
+
+@triton.jit
+def _v_group(acc, zacc, p, alpha, v, s, z, HALF: tl.constexpr, VCOLS: tl.constexpr, BLOCK_T: tl.constexpr,
+             INTERPRET: tl.constexpr):
     """V product of one channel group with its per-token scale s [T] folded into p [T, HALF].
 
-    acc [G, 2 HALF] += (held code) @ [hi, lo](p * s); zacc [HALF] += sum over the tile's tokens
-    of (p * s) * z (2^24 acc - zacc is the dequantized product). s and z are fp32 [T], s with the
-    class factors folded in and z divided by them; v [G, T] holds its tokens in kernels.paged's
-    V tile order (_fragment_rows).
+    acc [G, VCOLS] += (held code) @ fl16(p * s) (_weight_operand); zacc [HALF] += sum over the
+    tile's tokens of (p * s) * z (2^24 acc - zacc is the dequantized product). s and z are fp32
+    [T], s with the class factors folded in and z divided by them; v [G, T] holds its tokens in
+    kernels.paged's V tile order.
     """
     ps32 = p * s[:, None]
-    ps = _hi_lo_cols(_fragment_rows(ps32, BLOCK_T, HALF), BLOCK_T, HALF)
-    acc = tl.dot(v, ps, acc * _cols2(alpha, HALF)[None, :])
+    ps = _weight_operand(ps32, BLOCK_T, HALF, VCOLS, INTERPRET)
+    acc = tl.dot(v, ps, acc * _head_cols(alpha, HALF, VCOLS)[None, :])
     zacc = zacc * alpha + tl.sum(ps32 * z[:, None], 0)
     return acc, zacc
 
@@ -557,8 +615,8 @@ def _cache_tuple(kw_ptr, stride_kw_p, stride_kw_h, stride_kw_t, ks_ptr, kz_ptr, 
 
 @triton.jit
 def _code_tile(
-    state, params, cache, q32, h, tile, code_len, HALF: tl.constexpr, D: tl.constexpr, G: tl.constexpr,
-    BITS: tl.constexpr, CLASSES: tl.constexpr, SCALE_WORDS: tl.constexpr, BLOCK_T: tl.constexpr,
+    state, params, cache, q32, h, tile, code_len, HALF: tl.constexpr, VCOLS: tl.constexpr, D: tl.constexpr,
+    G: tl.constexpr, BITS: tl.constexpr, CLASSES: tl.constexpr, SCALE_WORDS: tl.constexpr, BLOCK_T: tl.constexpr,
     WARPS: tl.constexpr, INTERPRET: tl.constexpr, MASKED: tl.constexpr,
 ):
     """Attend one tile of BLOCK_T quantized tokens (one page, one K scale group) and return the
@@ -574,7 +632,7 @@ def _code_tile(
     logits = 2^24 (held code) @ (q*s*f) - (q*s) . zero, hi and lo columns summed. Small operands
     (codes, not 1024 + code as the fp16 magic number would give) keep the tensor-core
     accumulation exact enough over 100K tokens.
-    V: per-token scales folded into p, one product per channel group (_v_group).
+    V: per-token scales folded into p, rounded once to fp16, one product per channel group (_v_group).
     """
     NGV: tl.constexpr = D // G
     m, l_acc, acc0, acc1, zacc0, zacc1 = state
@@ -583,7 +641,7 @@ def _code_tile(
     kw_ptr, stride_kw_p, stride_kw_h, stride_kw_t = cache[0], cache[1], cache[2], cache[3]
     vw_ptr, stride_vw_p, stride_vw_h, stride_vw_t = cache[9], cache[10], cache[11], cache[12]
     kinv = _class_factors(tl.arange(0, D), BITS, CLASSES)[1]  # q32 carries the factors (_code_partial)
-    qs, bias = _fold_k_scales(q32, ks, kz * kinv, HALF, D)
+    qs, bias = _fold_k_scales(q32, ks, kz * kinv, HALF, D, INTERPRET)
     kptr = kw_ptr + page * stride_kw_p + h * stride_kw_h + (off // BLOCK_T) * stride_kw_t
     k_codes = _load_tile(kptr, BLOCK_T, D, BITS, CLASSES, WARPS, INTERPRET)  # [BLOCK_T, D], held codes
     qk = tl.sum(tl.reshape(tl.dot(k_codes, qs), [BLOCK_T, HALF, 2]), 2) * UNIT_INV - bias[None, :]
@@ -600,11 +658,11 @@ def _code_tile(
     vf, vinv = _class_factors(_v_index(tl.arange(0, BLOCK_T)), BITS, CLASSES)
     if NGV == 1:
         v_codes = _load_tile(vptr, D, BLOCK_T, BITS, CLASSES, WARPS, INTERPRET)  # [D, BLOCK_T], held codes
-        acc0, zacc0 = _v_group(acc0, zacc0, p, alpha, v_codes, vs0 * vf, vz0 * vinv, HALF, BLOCK_T)
+        acc0, zacc0 = _v_group(acc0, zacc0, p, alpha, v_codes, vs0 * vf, vz0 * vinv, HALF, VCOLS, BLOCK_T, INTERPRET)
     else:
         v0, v1 = _load_tile_halves(vptr, D, BLOCK_T, BITS, CLASSES, WARPS, INTERPRET)  # [G, BLOCK_T] each
-        acc0, zacc0 = _v_group(acc0, zacc0, p, alpha, v0, vs0 * vf, vz0 * vinv, HALF, BLOCK_T)
-        acc1, zacc1 = _v_group(acc1, zacc1, p, alpha, v1, vs1 * vf, vz1 * vinv, HALF, BLOCK_T)
+        acc0, zacc0 = _v_group(acc0, zacc0, p, alpha, v0, vs0 * vf, vz0 * vinv, HALF, VCOLS, BLOCK_T, INTERPRET)
+        acc1, zacc1 = _v_group(acc1, zacc1, p, alpha, v1, vs1 * vf, vz1 * vinv, HALF, VCOLS, BLOCK_T, INTERPRET)
     return m_new, l_acc, acc0, acc1, zacc0, zacc1
 
 
@@ -624,8 +682,8 @@ def _store_lse(mid_lse_ptr, b, heads, split, stride_ml_b, stride_ml_h, m, l, kee
 
 @triton.jit
 def _tile_step(
-    state, params, cache, q32, b, h, tile, t_end, code_len, HALF: tl.constexpr, D: tl.constexpr,
-    G: tl.constexpr, BITS: tl.constexpr, CLASSES: tl.constexpr, SCALE_WORDS: tl.constexpr,
+    state, params, cache, q32, b, h, tile, t_end, code_len, HALF: tl.constexpr, VCOLS: tl.constexpr,
+    D: tl.constexpr, G: tl.constexpr, BITS: tl.constexpr, CLASSES: tl.constexpr, SCALE_WORDS: tl.constexpr,
     BLOCK_T: tl.constexpr, WARPS: tl.constexpr, INTERPRET: tl.constexpr, MASKED: tl.constexpr,
 ):
     """One step of a split's tile loop: fetch the next tile's page and scales, attend this tile
@@ -635,7 +693,7 @@ def _tile_step(
     live = tile + 1 < t_end
     nxt = _tile_params(cache, b, h, _page(cache, b, page_idx, live), page_idx, off, (tile + 1) * BLOCK_T, live,
                        code_len, D, G, BLOCK_T, SCALE_WORDS)
-    state = _code_tile(state, params, cache, q32, h, tile, code_len, HALF, D, G, BITS, CLASSES, SCALE_WORDS,
+    state = _code_tile(state, params, cache, q32, h, tile, code_len, HALF, VCOLS, D, G, BITS, CLASSES, SCALE_WORDS,
                        BLOCK_T, WARPS, INTERPRET, MASKED)
     return state, nxt
 
@@ -647,8 +705,8 @@ def _code_partial(
     vs_ptr, vz_ptr, stride_vs_p, stride_vs_h, stride_vs_t, bt_ptr, stride_bt_b,
     mid_o_ptr, mid_lse_ptr, stride_mo_b, stride_mo_h, stride_mo_s, stride_ml_b, stride_ml_h,
     b, h, split, lens_ptr, cache_lens_ptr, qk_scale, page_size, tiles_per_split, table_cols,
-    GROUP: tl.constexpr, QROWS: tl.constexpr, COLS: tl.constexpr, D: tl.constexpr, G: tl.constexpr,
-    BITS: tl.constexpr, CLASSES: tl.constexpr, SCALE_WORDS: tl.constexpr, BLOCK_T: tl.constexpr,
+    GROUP: tl.constexpr, QROWS: tl.constexpr, COLS: tl.constexpr, VCOLS: tl.constexpr, D: tl.constexpr,
+    G: tl.constexpr, BITS: tl.constexpr, CLASSES: tl.constexpr, SCALE_WORDS: tl.constexpr, BLOCK_T: tl.constexpr,
     WARPS: tl.constexpr, INTERPRET: tl.constexpr,
 ):
     """Attend the split's tiles of quantized tokens and store its partial output and lse."""
@@ -667,7 +725,7 @@ def _code_partial(
                          stride_ks_g, vw_ptr, stride_vw_p, stride_vw_h, stride_vw_t, vs_ptr, vz_ptr, stride_vs_p,
                          stride_vs_h, stride_vs_t, bt_ptr, stride_bt_b, page_size)
     state = (tl.full([HALF], float("-inf"), tl.float32), tl.zeros([BLOCK_T, HALF], tl.float32),
-             tl.zeros([G, COLS], tl.float32), tl.zeros([G1, COLS], tl.float32),
+             tl.zeros([G, VCOLS], tl.float32), tl.zeros([G1, VCOLS], tl.float32),
              tl.zeros([HALF], tl.float32), tl.zeros([HALF], tl.float32))  # m, l_acc, acc0, acc1, zacc0, zacc1
     t_begin = split * tiles_per_split
     t0 = t_begin * BLOCK_T
@@ -686,25 +744,25 @@ def _code_partial(
     if INTERPRET:  # the interpreter cannot run range() over run-time bounds
         tile = t_begin
         while tile < t_whole:
-            state, params = _tile_step(state, params, cache, q32, b, h, tile, t_end, code_len, HALF, D, G, BITS,
+            state, params = _tile_step(state, params, cache, q32, b, h, tile, t_end, code_len, HALF, VCOLS, D, G, BITS,
                                        CLASSES, SCALE_WORDS, BLOCK_T, WARPS, INTERPRET, False)
             tile += 1
     else:  # a for loop: the compiler software-pipelines its loads (NUM_STAGES)
         for tile in range(t_begin, t_whole):
-            state, params = _tile_step(state, params, cache, q32, b, h, tile, t_end, code_len, HALF, D, G, BITS,
+            state, params = _tile_step(state, params, cache, q32, b, h, tile, t_end, code_len, HALF, VCOLS, D, G, BITS,
                                        CLASSES, SCALE_WORDS, BLOCK_T, WARPS, INTERPRET, False)
     if t_whole < t_end:  # the last code tile, partly past code_len: masked
-        state, params = _tile_step(state, params, cache, q32, b, h, t_whole, t_end, code_len, HALF, D, G, BITS,
+        state, params = _tile_step(state, params, cache, q32, b, h, t_whole, t_end, code_len, HALF, VCOLS, D, G, BITS,
                                    CLASSES, SCALE_WORDS, BLOCK_T, WARPS, INTERPRET, True)
     m, l_acc, acc0, acc1, zacc0, zacc1 = state
     l = tl.sum(l_acc, 0)
     inv = 1.0 / tl.where(l > 0.0, l, 1.0)
     heads = tl.arange(0, HALF)
-    out0 = tl.trans(tl.sum(tl.reshape(acc0, [G, HALF, 2]), 2)) * UNIT_INV - zacc0[:, None]
+    out0 = tl.trans(_head_part(acc0, G, HALF, VCOLS)) * UNIT_INV - zacc0[:, None]
     _store_partial(mid_o_ptr, b, h * GROUP + heads, split, stride_mo_b, stride_mo_h, stride_mo_s,
                    out0 * inv[:, None], 0, heads < GROUP, G)
     if NGV == 2:
-        out1 = tl.trans(tl.sum(tl.reshape(acc1, [G, HALF, 2]), 2)) * UNIT_INV - zacc1[:, None]
+        out1 = tl.trans(_head_part(acc1, G, HALF, VCOLS)) * UNIT_INV - zacc1[:, None]
         _store_partial(mid_o_ptr, b, h * GROUP + heads, split, stride_mo_b, stride_mo_h, stride_mo_s,
                        out1 * inv[:, None], G, heads < GROUP, G)
     _store_lse(mid_lse_ptr, b, h * GROUP + heads, split, stride_ml_b, stride_ml_h, m, l, heads < GROUP)
@@ -755,8 +813,8 @@ def _decode_split_kernel(
     lens_ptr, cache_lens_ptr,
     mid_o_ptr, mid_lse_ptr, stride_mo_b, stride_mo_h, stride_mo_s, stride_ml_b, stride_ml_h,
     qk_scale, page_size, num_splits, tiles_per_split,
-    GROUP: tl.constexpr, QROWS: tl.constexpr, COLS: tl.constexpr, D: tl.constexpr, G: tl.constexpr,
-    BITS: tl.constexpr, CLASSES: tl.constexpr, SCALE_WORDS: tl.constexpr, BLOCK_T: tl.constexpr,
+    GROUP: tl.constexpr, QROWS: tl.constexpr, COLS: tl.constexpr, VCOLS: tl.constexpr, D: tl.constexpr,
+    G: tl.constexpr, BITS: tl.constexpr, CLASSES: tl.constexpr, SCALE_WORDS: tl.constexpr, BLOCK_T: tl.constexpr,
     WARPS: tl.constexpr, INTERPRET: tl.constexpr,
 ):
     """Partial attention of one split of one (sequence, kv head).
@@ -766,7 +824,8 @@ def _decode_split_kernel(
     block_table int32 [B, table_cols]; lens, cache_lens int32 [B] (attended length, cache length).
     Writes mid_o fp32 [B, Hq, splits+1, D] (normalized) and mid_lse fp32 [B, Hq, splits+1]
     (log2-sum-exp, -inf when the split is empty). Program ``splits`` attends the residual window.
-    GROUP = Hq / Hkv; QROWS = fold_rows(GROUP); COLS = mma_columns(GROUP); CLASSES = code_classes(BLOCK_T);
+    GROUP = Hq / Hkv; QROWS = fold_rows(GROUP); COLS = mma_columns(GROUP); VCOLS = weight_columns(GROUP);
+    CLASSES = code_classes(BLOCK_T);
     SCALE_WORDS = scale_words(view) (16-bit scales and zeros loaded as 32-bit words, _tile_params).
     """
     split = tl.program_id(0)
@@ -779,7 +838,7 @@ def _decode_split_kernel(
             vs_ptr, vz_ptr, stride_vs_p, stride_vs_h, stride_vs_t, bt_ptr, stride_bt_b,
             mid_o_ptr, mid_lse_ptr, stride_mo_b, stride_mo_h, stride_mo_s, stride_ml_b, stride_ml_h,
             b, h, split, lens_ptr, cache_lens_ptr, qk_scale, page_size, tiles_per_split, table_cols,
-            GROUP, QROWS, COLS, D, G, BITS, CLASSES, SCALE_WORDS, BLOCK_T, WARPS, INTERPRET)
+            GROUP, QROWS, COLS, VCOLS, D, G, BITS, CLASSES, SCALE_WORDS, BLOCK_T, WARPS, INTERPRET)
     else:
         length, code_len = _code_length(lens_ptr, cache_lens_ptr, b, G)
         _residual_partial(
@@ -841,10 +900,17 @@ MIN_DOT_COLUMNS = _min_dot_columns()
 
 
 def mma_columns(group: int) -> int:
-    """N of both tensor-core products: each of the group's query heads twice (hi and lo columns),
-    at least MIN_DOT_COLUMNS and a power of two: GQA pads by repeating heads, one query head by
-    zero columns."""
+    """N of the K product: each of the group's query heads twice (hi and lo columns of q * s), at
+    least MIN_DOT_COLUMNS and a power of two: GQA pads by repeating heads, one query head by zero
+    columns. Half of it (HALF in the kernel) is the head slots of the softmax state."""
     return max(MIN_DOT_COLUMNS, 2 * triton.next_power_of_2(group))
+
+
+def weight_columns(group: int) -> int:
+    """N of the V product: one column per head slot (mma_columns / 2; the weights are rounded once
+    to fp16, no lo column), at least MIN_DOT_COLUMNS, where each slot fills two columns
+    (_head_cols)."""
+    return max(MIN_DOT_COLUMNS, mma_columns(group) // 2)
 
 
 def fold_rows(group: int) -> int:
@@ -934,7 +1000,8 @@ def _triton_decode(q, view: PagedQuantizedKV, lens, cache_lens, max_code_len, sm
         lens, cache_lens,
         mid_o, mid_lse, *mid_o.stride()[:3], *mid_lse.stride()[:2],
         sm_scale * LOG2E, view.page_size, splits, per,
-        GROUP=group, QROWS=fold_rows(group), COLS=mma_columns(group), D=d, G=g, BITS=view.bits,
+        GROUP=group, QROWS=fold_rows(group), COLS=mma_columns(group), VCOLS=weight_columns(group), D=d, G=g,
+        BITS=view.bits,
         CLASSES=code_classes(block_t), SCALE_WORDS=scale_words(view),
         BLOCK_T=block_t, WARPS=view.warps, INTERPRET=triton_interpreted(),
         num_warps=view.warps, num_stages=NUM_STAGES, **({"maxnreg": MAX_REGISTERS} if MAX_REGISTERS else {}),
@@ -1084,7 +1151,8 @@ def split_spec(dtype: str = "fp16", d: int = 128, bits: int = 3, g: int = 64, gr
     return AotSpec(
         f"decode_split_{dtype}_d{d}_b{bits}_g{g}_gqa{group}_t{tile}w{warps}", _decode_split_kernel,
         _split_signature(f"*{dtype}", f"*{dtype}", "*fp16"),
-        {"GROUP": group, "QROWS": fold_rows(group), "COLS": mma_columns(group), "D": d, "G": g, "BITS": bits,
+        {"GROUP": group, "QROWS": fold_rows(group), "COLS": mma_columns(group), "VCOLS": weight_columns(group),
+         "D": d, "G": g, "BITS": bits,
          "CLASSES": code_classes(tile), "SCALE_WORDS": d // g == 2, "BLOCK_T": tile, "WARPS": warps, "INTERPRET": False},
         num_warps=warps, num_stages=NUM_STAGES, divisible_ints=_SPLIT_MULTIPLES, maxnreg=MAX_REGISTERS,
     )

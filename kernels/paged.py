@@ -212,12 +212,13 @@ def _place(x: torch.Tensor, n: int, k: int, warps: int) -> torch.Tensor:
 
 def kernel_token_order(tile: int) -> torch.Tensor:
     """Which token of a V tile the kernel's V product reads at reduction index k: within each 16,
-    k = 4c + 2h + p holds token 8h + 2c + p: lane c's reduction indices 4c .. 4c + 3 (of each 16)
-    hold tokens 2c, 2c + 1, 8 + 2c, 9 + 2c, and each register's two halves two consecutive
-    tokens. The V tile's codes are stored in this order and the kernel permutes the softmax
-    weights to it as they pass through shared memory (a row permutation, free there)."""
+    k = 4c + 2a + b holds token 8b + 2c + a: lane c's reduction indices 4c .. 4c + 3 (of each 16)
+    hold tokens 2c, 2c + 1, 8 + 2c, 9 + 2c, and each register's two halves (k, k + 1) tokens t
+    and t + 8, the two rows one thread holds of the logits' accumulator. The V tile's codes are
+    stored in this order; the kernel packs each thread's two weights into one word where they are
+    and gathers the words to the operand's registers, one shuffle each."""
     k = torch.arange(tile)
-    return (k & ~15) | (((k >> 1) & 1) << 3) | (((k >> 2) & 3) << 1) | (k & 1)
+    return (k & ~15) | ((k >> 1) & 7) | ((k & 1) << 3)
 
 
 def _tile_elements(role: str, n: int, k: int) -> torch.Tensor:

@@ -190,8 +190,9 @@ def test_thread_words_lie_in_runs(record, bits, d, tile, warps):
 def test_v_token_order(record, tile):
     """At the V product's reduction index k the kernel reads token kernel_token_order(tile)[k]: a
     permutation inside each 16 tokens under which lane c's indices k = 4c .. 4c + 3 (of each 16)
-    hold tokens 2c, 2c + 1 of each 8, each register's two halves (k, k + 1) two consecutive
-    tokens; the packed V tile holds its codes in that order."""
+    hold tokens 2c, 2c + 1 of each 8, each register's two halves (k, k + 1) tokens t and t + 8
+    (one thread's two rows of the logits' accumulator); the packed V tile holds its codes in that
+    order."""
     order = paged.kernel_token_order(tile)
     errors = int((order.sort().values != torch.arange(tile)).sum())
     errors += int(((order >> 4) != (torch.arange(tile) >> 4)).sum())
@@ -199,7 +200,7 @@ def test_v_token_order(record, tile):
         k = 16 * block + 4 * c + torch.arange(4)
         held = {16 * block + 8 * j + 2 * c + p for j in range(2) for p in range(2)}
         errors += len(set(order[k].tolist()) ^ held)
-        errors += int((order[k[1::2]] != order[k[0::2]] + 1).sum())
+        errors += int((order[k[1::2]] != order[k[0::2]] + 8).sum())
     # the stored V tile follows the order: as the kernel holds it (before unpack_tile puts the
     # tokens back in order), column k of the words' values is token order[k]
     codes = torch.randint(0, 8, (2, 128, tile), dtype=torch.uint8)
