@@ -249,13 +249,22 @@ def _v_index(t):
 
 
 @triton.jit
+def _halves(w):
+    """uint32 [...] -> fp16 [..., 2]: the low and the high half of each word, bit for bit, by integer
+    ops, which mean the same in every layout."""
+    return tl.join((w & 0xFFFF).to(tl.uint16), (w >> 16).to(tl.uint16)).to(tl.float16, bitcast=True)
+
+
+@triton.jit
 def _fp16_pairs(pairs, INTERPRET: tl.constexpr):
-    """uint32 [...] -> fp16 [..., 2]: the low and the high half of each word, bit for bit. Compiled,
-    an opaque move, so that the compiler keeps each word whole as the register the tensor cores
-    read (seen through, it splits the shifts and masks into 16-bit halves and packs them again)."""
+    """uint32 [...] -> fp16 [..., 2] as _halves. Compiled, an opaque move, so that the compiler keeps
+    each word whole as the register the tensor cores read (seen through, it splits the shifts and
+    masks into 16-bit halves and packs them again). The move takes its two outputs from the
+    registers the layout puts side by side, the join's two halves in the operand layouts
+    _place_pairs gives it; elsewhere (the gathered words) _halves is the safe reading, and there
+    the compiler keeps the words whole by itself."""
     if INTERPRET:
-        halves = tl.join((pairs & 0xFFFF).to(tl.uint16), (pairs >> 16).to(tl.uint16))
-        return halves.to(tl.float16, bitcast=True)
+        return _halves(pairs)
     else:
         return tl.inline_asm_elementwise("mov.b32 $0, $1;", "=r,r,r", [tl.join(pairs, pairs)],
                                          dtype=tl.float16, is_pure=True, pack=2)
@@ -396,7 +405,7 @@ def _q_operand(x, HALF: tl.constexpr, D: tl.constexpr, INTERPRET: tl.constexpr):
     pair = tl.arange(0, D // 2)[:, None]
     n = tl.arange(0, 2 * HALF)[None, :]
     index = tl.reshape(2 * pair + n % 2, [D * HALF])
-    halves = tl.reshape(_fp16_pairs(tl.gather(words, index, 0), INTERPRET), [D // 2, 2 * HALF, 2])
+    halves = tl.reshape(_halves(tl.gather(words, index, 0)), [D // 2, 2 * HALF, 2])
     return tl.reshape(tl.permute(halves, (0, 2, 1)), [D, 2 * HALF])
 
 
@@ -451,7 +460,7 @@ def _weight_operand(w, T: tl.constexpr, HALF: tl.constexpr, VCOLS: tl.constexpr,
     a = tl.arange(0, 2)[None, None, :, None]
     n = tl.arange(0, VCOLS)[None, None, None, :]
     index = tl.reshape((8 * j + 2 * c + a) * HALF + n // (VCOLS // HALF), [T // 16 * 8 * VCOLS])
-    halves = tl.reshape(_fp16_pairs(tl.gather(words, index, 0), INTERPRET), [T // 16, 4, 2, VCOLS, 2])
+    halves = tl.reshape(_halves(tl.gather(words, index, 0)), [T // 16, 4, 2, VCOLS, 2])
     return tl.reshape(tl.permute(halves, (0, 1, 2, 4, 3)), [T, VCOLS])
 
 

@@ -14,7 +14,8 @@ from decode_support import device_params, random_kv, varlen_cache
 
 import kernels
 from kernels import paged
-from kernels.decode import _three_bit_pairs
+from kernels._runtime import triton_interpreted
+from kernels.decode import _q_operand, _three_bit_pairs, _weight_operand
 from kernels.packing import unpack_bits
 
 
@@ -113,6 +114,58 @@ def test_kernel_three_bit_pairs_match_the_twin(record, device, classes):
     errors = int((out.cpu() != want).sum())
     record.backend, record.device, record.variant = "triton", device, "layout"
     record.add(states_checked=n * 96, bit_errors=errors)
+    assert errors == 0
+
+
+@triton.jit
+def _weight_operand_probe(w_ptr, out_ptr, T: tl.constexpr, HALF: tl.constexpr, VCOLS: tl.constexpr,
+                          INTERPRET: tl.constexpr):
+    """The kernel's _weight_operand on fp32 [T, HALF] weights -> fp16 [T, VCOLS]."""
+    w = tl.load(w_ptr + tl.arange(0, T)[:, None] * HALF + tl.arange(0, HALF)[None, :])
+    ps = _weight_operand(w, T, HALF, VCOLS, INTERPRET)
+    tl.store(out_ptr + tl.arange(0, T)[:, None] * VCOLS + tl.arange(0, VCOLS)[None, :], ps)
+
+
+@pytest.mark.parametrize("tile, half, vcols", [(64, 4, 8), (64, 8, 8), (32, 4, 8), (16, 8, 16), (64, 16, 16)])
+@pytest.mark.parametrize("device", device_params())
+def test_kernel_weight_operand(record, device, tile, half, vcols):
+    """The V product's B operand (_weight_operand, compiled on a GPU, interpreted on CPU): row k
+    holds token kernel_token_order(tile)[k], column n head slot n // (vcols / half), each weight
+    rounded once to fp16 (round to nearest even), bit for bit; weights spread over six decades."""
+    gen = torch.Generator().manual_seed(305)
+    w = torch.randn(tile, half, generator=gen) * 10.0 ** torch.randint(-4, 2, (tile, half), generator=gen)
+    out = torch.full((tile, vcols), float("nan"), dtype=torch.float16, device=device)
+    _weight_operand_probe[(1,)](w.to(device), out, T=tile, HALF=half, VCOLS=vcols, INTERPRET=triton_interpreted())
+    want = w.half()[paged.kernel_token_order(tile)][:, torch.arange(vcols) // (vcols // half)]
+    errors = int((out.cpu().view(torch.int16) != want.view(torch.int16)).sum())
+    record.backend, record.device, record.variant = "triton", device, "layout"
+    record.add(states_checked=tile * vcols, bit_errors=errors)
+    assert errors == 0
+
+
+@triton.jit
+def _q_operand_probe(x_ptr, out_ptr, D: tl.constexpr, HALF: tl.constexpr, INTERPRET: tl.constexpr):
+    """The kernel's _q_operand on fp32 q*s [D, 1] -> fp16 [D, 2 HALF]."""
+    x = tl.reshape(tl.load(x_ptr + tl.arange(0, D)), [D, 1])
+    qs = _q_operand(x, HALF, D, INTERPRET)
+    tl.store(out_ptr + tl.arange(0, D)[:, None] * (2 * HALF) + tl.arange(0, 2 * HALF)[None, :], qs)
+
+
+@pytest.mark.parametrize("d, half", [(128, 4), (64, 4), (256, 8), (128, 8)])
+@pytest.mark.parametrize("device", device_params())
+def test_kernel_q_operand(record, device, d, half):
+    """The K product's B operand for one query head (_q_operand, compiled on a GPU, interpreted on
+    CPU): every even column holds hi = fl16(q*s), every odd one lo = fl16(q*s - hi), bit for bit."""
+    gen = torch.Generator().manual_seed(306)
+    x = torch.randn(d, generator=gen) * 10.0 ** torch.randint(-3, 2, (d,), generator=gen)
+    out = torch.full((d, 2 * half), float("nan"), dtype=torch.float16, device=device)
+    _q_operand_probe[(1,)](x.to(device), out, D=d, HALF=half, INTERPRET=triton_interpreted())
+    hi = x.half()
+    lo = (x - hi.float()).half()
+    want = torch.stack([hi, lo], 1).repeat(1, half)
+    errors = int((out.cpu().view(torch.int16) != want.view(torch.int16)).sum())
+    record.backend, record.device, record.variant = "triton", device, "layout"
+    record.add(states_checked=d * 2 * half, bit_errors=errors)
     assert errors == 0
 
 
