@@ -249,10 +249,10 @@ def _v_index(t):
 
 
 @triton.jit
-def _halves(w):
-    """uint32 [...] -> fp16 [..., 2]: the low and the high half of each word, bit for bit, by integer
-    ops, which mean the same in every layout."""
-    return tl.join((w & 0xFFFF).to(tl.uint16), (w >> 16).to(tl.uint16)).to(tl.float16, bitcast=True)
+def _halves(w, DT: tl.constexpr):
+    """uint32 [...] -> DT (a 16-bit type) [..., 2]: the low and the high half of each word, bit for
+    bit, by integer ops, which mean the same in every layout."""
+    return tl.join((w & 0xFFFF).to(tl.uint16), (w >> 16).to(tl.uint16)).to(DT, bitcast=True)
 
 
 @triton.jit
@@ -264,7 +264,7 @@ def _fp16_pairs(pairs, INTERPRET: tl.constexpr):
     _place_pairs gives it; elsewhere (the gathered words) _halves is the safe reading, and there
     the compiler keeps the words whole by itself."""
     if INTERPRET:
-        return _halves(pairs)
+        return _halves(pairs, tl.float16)
     else:
         return tl.inline_asm_elementwise("mov.b32 $0, $1;", "=r,r,r", [tl.join(pairs, pairs)],
                                          dtype=tl.float16, is_pure=True, pack=2)
@@ -405,7 +405,7 @@ def _q_operand(x, HALF: tl.constexpr, D: tl.constexpr, INTERPRET: tl.constexpr):
     pair = tl.arange(0, D // 2)[:, None]
     n = tl.arange(0, 2 * HALF)[None, :]
     index = tl.reshape(2 * pair + n % 2, [D * HALF])
-    halves = tl.reshape(_halves(tl.gather(words, index, 0)), [D // 2, 2 * HALF, 2])
+    halves = tl.reshape(_halves(tl.gather(words, index, 0), tl.float16), [D // 2, 2 * HALF, 2])
     return tl.reshape(tl.permute(halves, (0, 2, 1)), [D, 2 * HALF])
 
 
@@ -448,8 +448,8 @@ def _weight_operand(w, T: tl.constexpr, HALF: tl.constexpr, VCOLS: tl.constexpr,
     """Softmax weights with the V scales folded in, fp32 [T, HALF] (natural token order, the
     logits' accumulator layout) -> the V product's B operand fp16 [T, VCOLS]: row k holds token
     kernels.paged.kernel_token_order[k] (16 j + 4 c + 2 a + b: token 16 j + 8 b + 2 c + a),
-    column n head slot n // (VCOLS / HALF) (_head_cols), each weight rounded once to fp16 (as flash attention rounds its
-    probabilities; the output's own fp16 rounding is larger). Tokens t and t + 8 of each 16, which
+    column n head slot n // (VCOLS / HALF) (_head_cols), each weight rounded once to fp16 (as flash
+    attention rounds its probabilities; the output's own fp16 rounding is larger). Tokens t and t + 8 of each 16, which
     one thread holds in the logits' accumulator, are packed into one 32-bit word where they are,
     and the words gathered into the rows the tensor cores read: with one warp, one shuffle per
     register of the operand (the rows' order is chosen for that)."""
@@ -460,7 +460,7 @@ def _weight_operand(w, T: tl.constexpr, HALF: tl.constexpr, VCOLS: tl.constexpr,
     a = tl.arange(0, 2)[None, None, :, None]
     n = tl.arange(0, VCOLS)[None, None, None, :]
     index = tl.reshape((8 * j + 2 * c + a) * HALF + n // (VCOLS // HALF), [T // 16 * 8 * VCOLS])
-    halves = tl.reshape(_halves(tl.gather(words, index, 0)), [T // 16, 4, 2, VCOLS, 2])
+    halves = tl.reshape(_halves(tl.gather(words, index, 0), tl.float16), [T // 16, 4, 2, VCOLS, 2])
     return tl.reshape(tl.permute(halves, (0, 1, 2, 4, 3)), [T, VCOLS])
 
 
@@ -573,9 +573,8 @@ def _widen(x, INTERPRET: tl.constexpr):
 def _widen_pair(w, scale_dtype: tl.constexpr, INTERPRET: tl.constexpr):
     """uint32 words of two 16-bit scales (scale_dtype: fp16 or bf16; low half first) -> (low, high) fp32."""
     if INTERPRET:
-        lo = (w & 0xFFFF).to(tl.uint16).to(scale_dtype, bitcast=True).to(tl.float32)
-        hi = (w >> 16).to(tl.uint16).to(scale_dtype, bitcast=True).to(tl.float32)
-        return lo, hi
+        lo, hi = tl.split(_halves(w, scale_dtype))
+        return lo.to(tl.float32), hi.to(tl.float32)
     elif scale_dtype == tl.bfloat16:
         return tl.inline_asm_elementwise(WIDEN_BF16_PAIR, "=r,=r,r", [w], dtype=(tl.float32, tl.float32),
                                          is_pure=True, pack=1)
@@ -910,8 +909,8 @@ MIN_DOT_COLUMNS = _min_dot_columns()
 
 def mma_columns(group: int) -> int:
     """N of the K product: each of the group's query heads twice (hi and lo columns of q * s), at
-    least MIN_DOT_COLUMNS and a power of two: GQA pads by repeating heads, one query head by zero
-    columns. Half of it (HALF in the kernel) is the head slots of the softmax state."""
+    least MIN_DOT_COLUMNS and a power of two: GQA pads by repeating heads, and one query head fills
+    every slot (_q_operand). Half of it (HALF in the kernel) is the head slots of the softmax state."""
     return max(MIN_DOT_COLUMNS, 2 * triton.next_power_of_2(group))
 
 
