@@ -13,6 +13,7 @@ from functools import cache
 import torch
 
 COPY_BYTES = 2 * 2**30  # source size for the ceiling: far larger than any L2
+ROTATE_BYTES = 192 << 20  # bytes read across one replay's calls: several times an H200's 60 MB L2
 
 
 def median_ms(fn: Callable[[], object], *, warmup_ms: float = 25, rep_ms: float = 100) -> float:
@@ -32,6 +33,31 @@ def median_ms(fn: Callable[[], object], *, warmup_ms: float = 25, rep_ms: float 
         fn()
         times.append((time.perf_counter() - start) * 1e3)
     return statistics.median(times)
+
+
+def graph_replay_ms(calls, *, rep_ms: float = 20) -> float:
+    """Median ms of one call, each call one of ``calls`` (zero-argument callables, typically one per
+    rotated input set, taken in turn). On a GPU: ``triton.testing.do_bench_cudagraph``, which
+    captures as many calls as fill ``rep_ms`` in one CUDA graph and replays it, so neither host
+    launch gaps nor the graph's own launch stay in the figure (each call's kernel launches do);
+    with inputs rotated (``rotations``) each call reads from DRAM. On CPU the calls run in a loop."""
+    for call in calls:  # warm-up: compile, build cached views, host copies
+        call()
+    if not torch.cuda.is_available():
+        return median_ms(lambda: [call() for call in calls], rep_ms=50) / len(calls)
+    import itertools
+
+    import triton.testing
+
+    torch.cuda.synchronize()
+    turn = itertools.cycle(calls)
+    return float(triton.testing.do_bench_cudagraph(lambda: next(turn)(), rep=rep_ms, return_mode="median"))
+
+
+def rotations(nbytes: int, limit: int = 16) -> int:
+    """How many copies of an input of ``nbytes`` one timed replay walks through, so that each call
+    reads from DRAM rather than from the L2 the previous call filled (1 on CPU)."""
+    return max(1, min(limit, -(-ROTATE_BYTES // max(nbytes, 1)))) if torch.cuda.is_available() else 1
 
 
 @cache

@@ -82,7 +82,7 @@ def shape_case(b: int, hq: int, hkv: int, s: int, d: int, seed: int):
 
 
 def sweep(layouts, targets, shapes) -> list[dict]:
-    from decode_support import per_call_ms
+    from harness.timing import graph_replay_ms as per_call_ms
 
     rows = []
     for shape in shapes:
@@ -110,6 +110,7 @@ def table() -> list[dict]:
         rows.append(fig)
         log(f"bench {fig['shape']}: fused {fig['ms']:.4f} ms, sdpa {fig['sdpa_ms']:.4f}, "
             f"unfused {fig['unfused_ms']:.4f}, {fig['gbps']:.0f} GB/s ({fig.get('pct_of_peak', 0):.0f}%), "
+            f"read floor {fig.get('read_floor_ms', 0):.4f} ms ({fig.get('pct_of_read_floor', 0):.0f}%), "
             f"err {fig['max_abs_err']:.2e}")
         torch.cuda.empty_cache()
     return rows
@@ -117,7 +118,7 @@ def table() -> list[dict]:
 
 def tune() -> list[dict]:
     """Pipeline depth x register cap for the default layout, B=1 H=32 D=128 S=128K."""
-    from decode_support import per_call_ms
+    from harness.timing import graph_replay_ms as per_call_ms
 
     rows = []
     cases = [shape_case(1, 32, 32, 131072, 128, seed=31)]
@@ -138,7 +139,9 @@ def grid() -> list[dict]:
     (highest geometric-mean speed over the shapes) for the table."""
     import math
 
-    from decode_support import GPU_BENCH_SHAPES, per_call_ms
+    from decode_support import GPU_BENCH_SHAPES
+
+    from harness.timing import graph_replay_ms as per_call_ms
 
     rows = []
     for shape in GPU_BENCH_SHAPES:
@@ -275,11 +278,13 @@ def main() -> int:
         except subprocess.TimeoutExpired:
             result["suites"] = "timeout"
         log(f"suites on the GPU: {result['suites']}")
-    print("\nshape                               layout  fused ms  sdpa ms  unfused ms  xSDPA  xUnfused  GB/s  %copy  err")
+    print("\nshape                               layout  fused ms  sdpa ms  unfused ms  xSDPA  xUnfused  GB/s  %copy"
+          "  floor ms  %floor  err")
     for r in result["table"]:
         print(f"{r['shape']:<36}{r['layout']:<7} {r['ms']:8.4f} {r['sdpa_ms']:8.4f} {r['unfused_ms']:10.4f} "
               f"{r['speedup']['sdpa_fp16']:6.2f} {r['speedup']['unfused']:8.2f} {r['gbps']:6.0f} "
-              f"{r.get('pct_of_peak', 0):5.1f}  {r['max_abs_err']:.1e}")
+              f"{r.get('pct_of_peak', 0):5.1f}  {r.get('read_floor_ms', 0):8.4f} {r.get('pct_of_read_floor', 0):6.1f}"
+              f"  {r['max_abs_err']:.1e}")
     bad = [c for c in result["checks"] if not c["finite"] or c["max_abs_err"] > c["tol"] or c.get("paged_equal") is False]
     bad += [r for r in result["table"] if r["max_abs_err"] > 2e-3]
     print(f"copy {result['copy_gbps']:.0f} GB/s; programs/SM {result['programs_per_sm'] or 'wave rule'}; warps {result['warps']}; "

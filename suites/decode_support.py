@@ -8,6 +8,7 @@ import pytest
 import torch
 
 import kernels
+from harness.timing import graph_replay_ms, rotations
 from kernels.decode import attention_reference, decode_attention, reference_decode
 from kernels.kv_cache import QuantizedKV
 from kernels.paged import default_layout
@@ -140,32 +141,10 @@ GPU_BENCH_SHAPES = [
     (8, 32, 8, 32768, 128), (32, 32, 32, 8192, 128),
 ]
 CPU_BENCH_SHAPES = [(1, 2, 2, 256, 64)]
-ROTATE_BYTES = 192 << 20  # inputs touched per timed replay: several times the H200's 60 MB L2
 
 
 def bench_shapes() -> list[tuple]:
     return GPU_BENCH_SHAPES if torch.cuda.is_available() else CPU_BENCH_SHAPES
-
-
-def per_call_ms(calls) -> float:
-    """Median ms of one call. On a GPU the calls (one per rotated input set) are captured in a
-    CUDA graph and replayed, so launch gaps and L2 hits stay out of the figure."""
-    from harness.timing import median_ms
-
-    for call in calls:  # warm-up: compile, build decode views, cache host copies of lengths
-        call()
-    if not torch.cuda.is_available():
-        return median_ms(lambda: [call() for call in calls], rep_ms=50) / len(calls)
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for call in calls:
-            call()
-    return median_ms(graph.replay) / len(calls)
-
-
-def copies_for(nbytes: int, limit: int = 16) -> int:
-    return max(1, min(limit, -(-ROTATE_BYTES // max(nbytes, 1)))) if torch.cuda.is_available() else 1
 
 
 def clone_cache(cache: QuantizedKV) -> QuantizedKV:
@@ -201,7 +180,8 @@ def unfused_decode(q: torch.Tensor, cache: QuantizedKV, length: int) -> torch.Te
 def bench_shape(batch, hq, hkv, seq, dim, *, device, bits=3, layout=None, seed=0) -> dict:
     """Time the fused kernel, fp16 SDPA on the original K/V and the unfused path on one shape,
     check the fused output, and return the figures (ms, speedups, bandwidth over the bytes the
-    fused kernel must read)."""
+    fused kernel must read; on a GPU also the read floor of those bytes, harness.read_floor, and
+    the fused kernel's speed as a percentage of it)."""
     from harness.timing import bandwidth_metrics
     from kernels.paged import decode_view
 
@@ -211,18 +191,18 @@ def bench_shape(batch, hq, hkv, seq, dim, *, device, bits=3, layout=None, seed=0
     tile, warps = layout or (None, None)
     view = decode_view(cache, tile=tile, warps=warps)
     nbytes = view.read_bytes() + 2 * q.numel() * q.element_size()
-    caches = [cache] + [clone_cache(cache) for _ in range(copies_for(nbytes) - 1)]
+    caches = [cache] + [clone_cache(cache) for _ in range(rotations(nbytes) - 1)]
     views = [view] + [decode_view(c, tile=view.tile, warps=view.warps) for c in caches[1:]]
     out = decode_attention(q, cache, backend="triton")
     ref = reference_decode(q, cache)
     figures = {"max_abs_err": float((out.double() - ref).abs().max()), "states_checked": out.numel()}
     del ref
-    fused_ms = per_call_ms([lambda c=c: decode_attention(q, c, seq_lens=caches[0].seq_lens) for c in views])
+    fused_ms = graph_replay_ms([lambda c=c: decode_attention(q, c, seq_lens=caches[0].seq_lens) for c in views])
     kv_bytes = 2 * k.numel() * k.element_size()
-    originals = [(k, v)] + [(k.clone(), v.clone()) for _ in range(copies_for(kv_bytes, 4) - 1)]
-    sdpa_ms = per_call_ms([lambda kv=kv: sdpa_decode(q, *kv) for kv in originals])
+    originals = [(k, v)] + [(k.clone(), v.clone()) for _ in range(rotations(kv_bytes, 4) - 1)]
+    sdpa_ms = graph_replay_ms([lambda kv=kv: sdpa_decode(q, *kv) for kv in originals])
     del originals
-    unfused_ms = per_call_ms([lambda c=c: unfused_decode(q, c, seq) for c in caches[: copies_for(nbytes, 4)]])
+    unfused_ms = graph_replay_ms([lambda c=c: unfused_decode(q, c, seq) for c in caches[: rotations(nbytes, 4)]])
     figures.update(bandwidth_metrics(nbytes, fused_ms))
     figures.update(
         ms=fused_ms, sdpa_ms=sdpa_ms, unfused_ms=unfused_ms,
@@ -231,4 +211,9 @@ def bench_shape(batch, hq, hkv, seq, dim, *, device, bits=3, layout=None, seed=0
         shape=f"B={batch} Hq={hq} Hkv={hkv} S={seq} D={dim} bits={bits}",
         layout=f"t{view.tile}w{view.warps}",
     )
+    if torch.cuda.is_available():  # what a kernel that only reads these bytes takes, timed alike
+        from harness.read_floor import read_floor_ms
+
+        floor_ms = read_floor_ms(nbytes, q.device.index or 0)
+        figures.update(read_floor_ms=floor_ms, pct_of_read_floor=100.0 * floor_ms / fused_ms)
     return figures
