@@ -36,22 +36,28 @@ def median_ms(fn: Callable[[], object], *, warmup_ms: float = 25, rep_ms: float 
 
 
 def graph_replay_ms(calls, *, rep_ms: float = 20) -> float:
-    """Median ms of one call, each call one of ``calls`` (zero-argument callables, typically one per
-    rotated input set, taken in turn). On a GPU: ``triton.testing.do_bench_cudagraph``, which
-    captures as many calls as fill ``rep_ms`` in one CUDA graph and replays it, so neither host
-    launch gaps nor the graph's own launch stay in the figure (each call's kernel launches do);
-    with inputs rotated (``rotations``) each call reads from DRAM. On CPU the calls run in a loop."""
+    """Median ms of one call, the calls being ``calls`` (a non-empty list of zero-argument
+    callables, typically one per rotated input set) run in order. On a GPU:
+    ``triton.testing.do_bench_cudagraph`` of one pass over them, which captures as many passes as
+    fill ``rep_ms`` in one CUDA graph and replays it, so neither host launch gaps nor the graph's
+    own launch stay in the figure (each call's kernel launches do); with inputs rotated
+    (``rotations``) each call reads from DRAM. On CPU the passes run in a loop."""
+    calls = list(calls)
+    if not calls:
+        raise ValueError("calls must hold at least one callable")
     for call in calls:  # warm-up: compile, build cached views, host copies
         call()
-    if not torch.cuda.is_available():
-        return median_ms(lambda: [call() for call in calls], rep_ms=50) / len(calls)
-    import itertools
 
+    def one_pass():
+        for call in calls:
+            call()
+
+    if not torch.cuda.is_available():
+        return median_ms(one_pass, rep_ms=50) / len(calls)
     import triton.testing
 
     torch.cuda.synchronize()
-    turn = itertools.cycle(calls)
-    return float(triton.testing.do_bench_cudagraph(lambda: next(turn)(), rep=rep_ms, return_mode="median"))
+    return float(triton.testing.do_bench_cudagraph(one_pass, rep=rep_ms, return_mode="median")) / len(calls)
 
 
 def rotations(nbytes: int, limit: int = 16) -> int:

@@ -12,50 +12,71 @@ from harness.timing import graph_replay_ms, rotations
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 
 
-def chunk_xors(x: torch.Tensor, programs: int, block: int) -> np.ndarray:
-    """Each program's expected XOR: numpy over the same contiguous chunks."""
-    words = x.cpu().numpy()
-    per = -(-max(len(words), 1) // programs)
-    per = -(-per // block) * block
-    return np.array([np.bitwise_xor.reduce(words[p * per:(p + 1) * per]) if p * per < len(words) else 0
-                     for p in range(programs)], dtype=np.int32)
+def random_words(count: int, seed: int) -> torch.Tensor:
+    gen = torch.Generator().manual_seed(seed)
+    return torch.randint(-2**31, 2**31 - 1, (count,), generator=gen, dtype=torch.int32)
 
 
 @pytest.mark.parametrize("words, programs, block", [
-    (1, 1, 64), (63, 4, 64), (4096, 4, 64), (4097, 3, 128), (10_000, 7, 256), (50, 16, 32),
+    (1, 1, 16), (63, 4, 16), (4096, 4, 64), (4097, 3, 128), (10_000, 7, 256), (50, 16, 32), (1000, 9, 1024),
 ], ids=lambda v: str(v))
 def test_every_word_read_once(words, programs, block):
-    gen = torch.Generator().manual_seed(words * 31 + programs)
-    x = torch.randint(-2**31, 2**31 - 1, (words,), generator=gen, dtype=torch.int32).to(DEVICE)
-    got = read_chunks(x, programs, block=block, warps=1).cpu().numpy()
-    np.testing.assert_array_equal(got, chunk_xors(x, programs, block))
-    assert np.bitwise_xor.reduce(got) == np.bitwise_xor.reduce(x.cpu().numpy())
+    x = random_words(words, words * 31 + programs)
+    got = read_chunks(x.to(DEVICE), programs, block=block, warps=1).cpu().numpy()
+    assert got.shape == (programs,)
+    assert np.bitwise_xor.reduce(got) == np.bitwise_xor.reduce(x.numpy())
 
 
-def test_a_flipped_bit_in_any_chunk_shows():
-    """No word escapes: flipping one bit anywhere changes exactly its program's result."""
-    x = torch.randint(-2**31, 2**31 - 1, (1000,), generator=torch.Generator().manual_seed(5), dtype=torch.int32)
-    base = read_chunks(x.to(DEVICE), 5, block=64, warps=1).cpu()
-    for index in (0, 255, 256, 511, 999):
+@pytest.mark.parametrize("words, programs, block", [(120, 7, 16), (150, 5, 64), (64, 16, 16)], ids=str)
+def test_programs_own_contiguous_chunks(words, programs, block):
+    """Flipping any one bit changes exactly one program's XOR; walking the words from the first to
+    the last, the owners run in order, each a contiguous chunk, and balanced within the 16-word
+    alignment (every program but the last holds the same count)."""
+    x = random_words(words, words)
+    base = read_chunks(x.to(DEVICE), programs, block=block, warps=1).cpu()
+    owners = []
+    for index in range(words):
         y = x.clone()
         y[index] ^= 1 << (index % 31)
-        diff = (read_chunks(y.to(DEVICE), 5, block=64, warps=1).cpu() != base).nonzero().flatten().tolist()
-        assert diff == [index // 256]
+        changed = (read_chunks(y.to(DEVICE), programs, block=block, warps=1).cpu() != base).nonzero().flatten()
+        assert changed.numel() == 1, (index, changed.tolist())
+        owners.append(int(changed))
+    assert owners == sorted(owners) and owners[0] == 0
+    counts = np.bincount(owners)
+    assert len(set(counts[:-1])) <= 1 and counts[-1] <= counts[0]
+    assert counts[0] % 16 == 0 or len(counts) == 1
+    assert counts[0] - 16 < -(-words // programs) <= counts[0]
 
 
 @pytest.mark.parametrize("bad, error, match", [
-    (torch.zeros(8, dtype=torch.float32), TypeError, "int32"),
-    (torch.zeros(2, 4, dtype=torch.int32), TypeError, "1-D"),
-    (torch.zeros(16, dtype=torch.int32)[::2], TypeError, "contiguous"),
-])
+    (torch.zeros(8, dtype=torch.float32), TypeError, "x must be"),
+    (torch.zeros(2, 4, dtype=torch.int32), TypeError, "x must be"),
+    (torch.zeros(16, dtype=torch.int32)[::2], TypeError, "x must be"),
+    (torch.zeros(0, dtype=torch.int32), ValueError, "x must hold"),
+], ids=["float", "2-D", "strided", "empty"])
 def test_bad_buffer(bad, error, match):
     with pytest.raises(error, match=match):
         read_chunks(bad, 2)
 
 
-def test_bad_program_count():
-    with pytest.raises(ValueError, match="programs"):
-        read_chunks(torch.zeros(8, dtype=torch.int32), 0)
+@pytest.mark.parametrize("kwargs, error, match", [
+    ({"programs": 0}, ValueError, "programs"), ({"programs": 2.0}, TypeError, "programs"),
+    ({"programs": 2, "block": 100}, ValueError, "block"), ({"programs": 2, "block": 0}, ValueError, "block"),
+    ({"programs": 2, "block": 8}, ValueError, "block"), ({"programs": 2, "warps": 3}, ValueError, "warps"),
+    ({"programs": 2, "warps": 64}, ValueError, "warps"), ({"programs": True}, TypeError, "programs"),
+], ids=["programs-0", "programs-float", "block-100", "block-0", "block-8", "warps-3", "warps-64", "programs-bool"])
+def test_bad_launch_arguments(kwargs, error, match):
+    with pytest.raises(error, match=match):
+        read_chunks(torch.ones(64, dtype=torch.int32), **kwargs)
+
+
+def test_replay_runs_every_call_in_order_and_rejects_none():
+    order = []
+    calls = [lambda i=i: order.append(i) for i in range(3)]
+    assert graph_replay_ms(calls, rep_ms=5) >= 0
+    assert len(order) >= 6 and len(order) % 3 == 0 and order == [0, 1, 2] * (len(order) // 3)
+    with pytest.raises(ValueError, match="calls"):
+        graph_replay_ms([])
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="CPU behaviour")
@@ -63,6 +84,3 @@ def test_floor_needs_a_gpu_and_rotation_is_single_on_cpu():
     with pytest.raises(RuntimeError, match="CUDA"):
         read_floor_ms(1 << 20)
     assert rotations(1) == 1
-    calls = []
-    assert graph_replay_ms([lambda: calls.append(1)]) > 0
-    assert calls
