@@ -107,7 +107,9 @@ def bench_records(rng: random.Random, device: str, *, slow: float = 1.0, with_pe
             metrics = {"ms": ms, "gbps": gbps, "bytes": nbytes, "shape": f"B=1 H=32 D=128 S={s}",
                        "speedup": {"sdpa_fp16": sdpa / ms, "torch_eager": 9.0 * sdpa / ms}}
             if with_peak:
-                metrics.update(copy_gbps=peak, pct_of_peak=100 * gbps / peak)
+                floor_ms = nbytes / (peak * 1e6) + 0.004
+                metrics.update(copy_gbps=peak, pct_of_peak=100 * gbps / peak, read_floor_ms=floor_ms,
+                               pct_of_read_floor=100 * floor_ms / ms)
             out.append(rec("bench_decode", f"test_bench_decode[{variant}-S{s}]", backend="triton",
                            variant=variant, device=device, duration_s=rng.uniform(1, 4), metrics=metrics))
     for variant, factor in (("naive", 3.0), ("vectorized", 1.1), ("warp", 0.9), ("fused", 0.7)):

@@ -75,6 +75,7 @@ def test_charts_are_inline_svg_that_parses(rendered):
     html = rendered["html"]
     for title in ("suites/bench_decode: speedup over sdpa_fp16 (NVIDIA H200, gpu)",
                   "suites/bench_int8: % of measured copy bandwidth (NVIDIA H200, gpu)",
+                  "suites/bench_decode: % of the read floor (NVIDIA H200, gpu)",
                   "suites/bench_decode: achieved GB/s (CPU, interpreter)", "Worst errors per case"):
         assert title in html
 

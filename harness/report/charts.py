@@ -232,7 +232,26 @@ def bandwidth_charts(summary: Summary) -> list[Chart]:
                 fig = grouped_barh(rows, series, colors, xlabel="GB/s")
                 caption = "no copy ceiling measured in this mode (no GPU): absolute GB/s"
             charts.append(Chart("bandwidth", suite, title, caption, figure_uri(fig), f"bar chart: {title}", env))
+    charts += read_floor_charts(summary, colors)
     return sorted(charts, key=_chart_order)
+
+
+def read_floor_charts(summary: Summary, colors) -> list[Chart]:
+    """Per suite and environment whose cases record ``pct_of_read_floor`` (harness.read_floor): the
+    kernel's speed as a percentage of one kernel that only reads the same bytes, timed alike."""
+    floor = _collect(summary, lambda r: to_float(r.metrics.get("pct_of_read_floor")))
+    charts = []
+    for env, suites in floor.items():
+        for suite, legs in suites.items():
+            rows, series = _reduce(legs)
+            title = f"{suite}: % of the read floor ({_env_text(env)})"
+            fig = grouped_barh(rows, series, colors, refline=100.0, reflabel="read floor",
+                               xlabel="read floor ms / kernel ms, as %", value_text=lambda v: f"{v:.0f}%")
+            caption = ("the time of one kernel that only reads the same bytes (harness.read_floor), timed as the "
+                       "kernel is, over the kernel's time")
+            charts.append(Chart("bandwidth", suite, title, caption, figure_uri(fig), f"bar chart: {title}", env,
+                                "read floor"))
+    return charts
 
 
 def _jitter(index: int) -> float:
