@@ -100,6 +100,7 @@ AFFINE = "kernels/affine.py"
 KV_CACHE = "kernels/kv_cache.py"
 DECODE = "kernels/decode.py"
 PAGED = "kernels/paged.py"
+READ_FLOOR = "harness/read_floor.py"
 
 GOLDEN = "suites/test_golden.py"
 WALK_BITS = "suites/test_walking.py::test_walking_bits_through_the_packed_stream"
@@ -114,6 +115,7 @@ AFFINE_TIES = "suites/test_affine_roundtrip.py::test_exact_ties_round_half_to_ev
 AFFINE_CLAMP = "suites/test_affine_roundtrip.py::test_top_codes_are_clamped_in_both_backends"
 STREAM = "suites/test_streaming.py::test_append_equals_one_shot"
 FUSED = "suites/test_decode_fused.py"
+READ_FLOOR_TESTS = "tests/test_read_floor.py"
 SMALL_AFFINE = "1x2x64x64x32"  # the cheapest shape of the bit-for-bit affine test (D = 2 G)
 
 CATALOGUE: tuple[Mutant, ...] = (
@@ -490,6 +492,27 @@ CATALOGUE: tuple[Mutant, ...] = (
        "((w1 >> 9) & 0x00800080)",
        "torch twin of the 3-bit unpack (three classes) reads the last pair's bit of plane 1 one bit off",
        "suites/test_decode_layout.py::test_bit_table_is_a_bijection"),
+    # ------------------------------------------------------------------ the read floor (harness.read_floor)
+    _m("read-floor-chunk-end-interpreted", READ_FLOOR,
+       "acc ^= tl.load(x_ptr + idx, mask=idx < end, other=0)\n",
+       "acc ^= tl.load(x_ptr + idx, mask=idx < end - 1, other=0)\n",
+       "the interpreted flat read skips the last word of every chunk (a floor that reads less)",
+       READ_FLOOR_TESTS, interpreter_only=True),
+    _m("read-floor-chunk-end-compiled", READ_FLOOR,
+       "acc ^= tl.load(x_ptr + idx, mask=idx < end, other=0, cache_modifier=\".cg\")",
+       "acc ^= tl.load(x_ptr + idx, mask=idx < end - 1, other=0, cache_modifier=\".cg\")",
+       "the compiled flat read skips the last word of every chunk (a floor that reads less)",
+       READ_FLOOR_TESTS, gpu_only=True),
+    _m("read-floor-chunks-overlap", READ_FLOOR,
+       "end = tl.minimum(start + per_program, n)",
+       "end = tl.minimum(start + per_program + 16, n)",
+       "each program reads into the next one's chunk (words read twice)",
+       READ_FLOOR_TESTS),
+    _m("read-floor-chunk-rounded-down", READ_FLOOR,
+       "per_program = -(-n // programs)",
+       "per_program = n // programs",
+       "chunks rounded down: the words past programs x chunk are never read",
+       READ_FLOOR_TESTS),
 )
 
 MUTANT_NAMES = tuple(m.name for m in CATALOGUE)

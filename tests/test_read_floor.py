@@ -18,7 +18,8 @@ def random_words(count: int, seed: int) -> torch.Tensor:
 
 
 @pytest.mark.parametrize("words, programs, block", [
-    (1, 1, 16), (63, 4, 16), (4096, 4, 64), (4097, 3, 128), (10_000, 7, 256), (50, 16, 32), (1000, 9, 1024),
+    (1, 1, 16), (63, 4, 16), (4096, 4, 64), (4097, 4, 64), (4097, 3, 128), (10_000, 7, 256), (50, 16, 32),
+    (1000, 9, 1024),
 ], ids=lambda v: str(v))
 def test_every_word_read_once(words, programs, block):
     x = random_words(words, words * 31 + programs)
