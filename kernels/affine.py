@@ -483,6 +483,8 @@ def _check_kv(k, v) -> None:
         raise ValueError(f"k and v must have the same shape [B, H, S, D]; got k {tuple(k.shape)}, v {tuple(v.shape)}")
     if k.dtype != v.dtype:
         raise TypeError(f"k and v must have the same dtype; got k {_dtype_name(k.dtype)}, v {_dtype_name(v.dtype)}")
+    if k.shape[1] == 0 or k.shape[3] == 0:
+        raise ValueError(f"k and v need at least one head and one channel (H, D >= 1); got shape {tuple(k.shape)}")
     require_same_device(k=k, v=v)
 
 
@@ -493,6 +495,8 @@ def _check_seq_lens(seq_lens, batch: int, s: int) -> list[int]:
         if seq_lens.is_floating_point() or seq_lens.dim() != 1:
             raise TypeError(f"seq_lens must be a 1-d integer tensor or a list of ints; got {seq_lens!r}")
         seq_lens = seq_lens.tolist()
+    if not isinstance(seq_lens, (list, tuple)):
+        raise TypeError(f"seq_lens must be a 1-d integer tensor or a list of ints; got {type(seq_lens).__name__}")
     lens = list(seq_lens)
     if len(lens) != batch or any(isinstance(n, bool) or not isinstance(n, int) for n in lens):
         raise TypeError(f"seq_lens must hold {batch} ints (one per sequence); got {seq_lens!r}")
@@ -613,6 +617,8 @@ def dequantize_kv(qkv: QuantizedKV, *, dtype: torch.dtype | None = None):
     """
     if not isinstance(qkv, QuantizedKV):
         raise TypeError(f"qkv must be a QuantizedKV; got {type(qkv).__name__}")
+    if dtype is not None and (not isinstance(dtype, torch.dtype) or not dtype.is_floating_point):
+        raise TypeError(f"dtype must be a floating-point torch.dtype (or None: the cache's); got {dtype!r}")
     dtype = dtype or qkv.dtype
     seq = qkv.seq_lens.tolist()
     qlen = qkv.quantized_lens().tolist()

@@ -98,6 +98,7 @@ MAX_REGISTERS = 168  # register cap per thread (H200: 168 beats the compiler's 2
 MERGE_COLUMNS = 32  # channels per merge program (H200: 32 on one warp 1.7 us at 32K, 128 on four 3.7 us)
 MERGE_WARPS = 1
 LOG2E = 1.4426950408889634
+SM_SCALE_MAX = 3.4028234663852886e38 / LOG2E  # sm_scale * log2(e) must be a finite fp32
 UNIT_INV = tl.constexpr(16777216.0)  # 2^24: the products count codes as code * 2^-24 (_class_factors)
 # Both 16-bit halves of a 32-bit register widened to fp32, low half to $0 (_widen, _widen_pair)
 WIDEN_F16_PAIR = tl.constexpr("{ .reg .b16 lo, hi; mov.b32 {lo, hi}, $2; cvt.f32.f16 $0, lo; cvt.f32.f16 $1, hi; }")
@@ -881,20 +882,107 @@ def _decode_merge_kernel(
 
 
 # ----------------------------------------------------------------------------- launch
-_HOST_VALUES: dict[int, tuple] = {}
+_PER_VERSION: dict[tuple, tuple] = {}
+
+
+def _per_version(t: torch.Tensor, fn):
+    """fn(t), computed once per tensor object, version and fn for a GPU tensor (host values
+    without a sync on reuse; a write that bypasses torch's version counter, through ``.data``,
+    DLPack or another kernel, is not seen), every time for a CPU tensor."""
+    if t.device.type == "cpu":
+        return fn(t)
+    key = (id(t), fn)
+    hit = _PER_VERSION.get(key)
+    if hit is not None and hit[0]() is t and hit[1] == t._version:
+        return hit[2]
+    if len(_PER_VERSION) > 256:
+        for stale in [k for k, v in _PER_VERSION.items() if v[0]() is None]:
+            del _PER_VERSION[stale]
+    value = fn(t)
+    _PER_VERSION[key] = (weakref.ref(t), t._version, value)
+    return value
+
+
+def _to_host(t: torch.Tensor) -> torch.Tensor:
+    return t.detach().to("cpu", torch.int64)
+
+
+def _largest_finite(t: torch.Tensor) -> float:
+    """The largest finite |value| (0 for none): unused pages of a pool may hold anything."""
+    a = t.detach().abs()
+    return float(torch.where(torch.isfinite(a), a, 0).amax()) if a.numel() else 0.0
+
+
+def _host_copy(t: torch.Tensor) -> torch.Tensor:
+    """CPU int64 copy of a small int tensor (_per_version)."""
+    return _per_version(t, _to_host)
 
 
 def _host_values(t: torch.Tensor) -> list[int]:
-    """Host copy of a small int tensor, cached per tensor object and version (no sync on reuse)."""
-    hit = _HOST_VALUES.get(id(t))
-    if hit is not None and hit[0]() is t and hit[1] == t._version:
-        return hit[2]
-    if len(_HOST_VALUES) > 256:
-        for key in [k for k, v in _HOST_VALUES.items() if v[0]() is None]:
-            del _HOST_VALUES[key]
-    values = [int(x) for x in t.tolist()]
-    _HOST_VALUES[id(t)] = (weakref.ref(t), t._version, values)
-    return values
+    """The values of a small 1-D int tensor as Python ints (_host_copy)."""
+    return _host_copy(t).tolist()
+
+
+def _check_extent(cache, held: list[int]) -> None:
+    """Raise ValueError where the cache's lengths claim more tokens than it holds, or a paged
+    cache's block table names a page outside its pool for a page those lengths reach: the
+    kernel reads where these point, unchecked. (Entries past a sequence's pages may hold
+    anything: they are never read.)"""
+    g, window = cache.group_size, cache.k_residual.shape[2]
+    paged = isinstance(cache, PagedQuantizedKV)
+    if paged:
+        table = cache.block_table
+        require_tensor("cache.block_table", table)
+        require_dtype("cache.block_table", table, (torch.int32, torch.int64))
+        require_rank("cache.block_table", table, 2)
+        require_same_device(cache_block_table=table, cache_k_words=cache.k_words)
+        capacity = table.shape[1] * cache.page_size
+    else:
+        capacity = cache.capacity
+    for i, n in enumerate(held):
+        quantized = n // g * g
+        if n < 0 or quantized > capacity or n - quantized > window:
+            raise ValueError(f"cache.seq_lens[{i}] = {n} exceeds what the cache holds ({capacity} quantized "
+                             f"tokens and a residual window of {window})")
+    if paged and table.numel() and not _checked_before(table, held, cache.num_pages):
+        pages = -(-(torch.tensor(held) // g * g) // cache.page_size)  # pages each sequence reaches
+        entries = _host_copy(table)
+        reached = torch.arange(table.shape[1])[None, :] < pages[:, None]
+        bad = torch.nonzero(reached & ((entries < 0) | (entries >= cache.num_pages)))
+        if len(bad):
+            i, j = (int(x) for x in bad[0])
+            raise ValueError(f"cache.block_table[{i}, {j}] = {int(entries[i, j])} is not a page of the pool "
+                             f"(0 to {cache.num_pages - 1}); sequence {i} reaches its page {j}")
+        _TABLES_CHECKED[id(table)] = (weakref.ref(table), table._version, tuple(held), cache.num_pages)
+
+
+_TABLES_CHECKED: dict[int, tuple] = {}
+
+
+def _checked_before(table: torch.Tensor, held: list[int], pool: int) -> bool:
+    """Whether this GPU block table, at this version, passed with these lengths and pool size."""
+    hit = _TABLES_CHECKED.get(id(table))
+    if len(_TABLES_CHECKED) > 256:
+        _TABLES_CHECKED.clear()
+    return (table.device.type != "cpu" and hit is not None and hit[0]() is table
+            and hit[1:] == (table._version, tuple(held), pool))
+
+
+FP16_MAX = 65504.0
+
+
+def _check_scale_range(cache) -> None:
+    """The fused kernel holds q * sm_scale * K scale and softmax weight * V scale as fp16 operands:
+    a cache with fp32 scales beyond fp16's range would come out as NaN, so it is refused (16-bit
+    scales cannot exceed it). Checked once per version of the scale tensors."""
+    if cache.k_scale.element_size() == 2:
+        return
+    for name, scale in (("cache.k_scale", cache.k_scale), ("cache.v_scale", cache.v_scale)):
+        largest = _per_version(scale, _largest_finite)
+        if largest > FP16_MAX:
+            raise ValueError(f"{name} holds scales up to {largest:g}, beyond what backend='triton' carries "
+                             f"(its products take scales times q or the softmax weights as fp16, at most "
+                             f"{FP16_MAX:g}); use backend='torch'")
 
 
 def _min_dot_columns() -> int:
@@ -1023,7 +1111,7 @@ def _triton_decode(q, view: PagedQuantizedKV, lens, cache_lens, max_code_len, sm
 
 
 # ----------------------------------------------------------------------------- public API
-def _check_inputs(q, cache, seq_lens, sm_scale, out):
+def _check_inputs(q, cache, seq_lens, sm_scale, num_splits, out):
     require_tensor("q", q)
     require_dtype("q", q, Q_DTYPES)
     require_rank("q", q, 3)
@@ -1048,8 +1136,9 @@ def _check_inputs(q, cache, seq_lens, sm_scale, out):
             raise ValueError(f"seq_lens must have shape [{batch}]; got {tuple(seq_lens.shape)}")
         require_same_device(q=q, seq_lens=seq_lens)
         lens_t = seq_lens
-    lens = _host_values(lens_t)
     held = _host_values(cache.seq_lens)
+    _check_extent(cache, held)
+    lens = _host_values(lens_t)
     for i, (n, cap) in enumerate(zip(lens, held, strict=True)):
         if n < 1 or n > cap:
             what = "seq_lens" if seq_lens is not None else "cache.seq_lens"
@@ -1057,8 +1146,12 @@ def _check_inputs(q, cache, seq_lens, sm_scale, out):
     if sm_scale is not None:
         if isinstance(sm_scale, bool) or not isinstance(sm_scale, (int, float)):
             raise TypeError(f"sm_scale must be a float; got {type(sm_scale).__name__}")
-        if not math.isfinite(sm_scale) or sm_scale <= 0:
-            raise ValueError(f"sm_scale must be a positive finite float; got {sm_scale}")
+        if not 0 < sm_scale <= SM_SCALE_MAX:  # compared as given: an int too large for a float is refused too
+            raise ValueError(f"sm_scale must be a positive float of at most {SM_SCALE_MAX:g} (the kernel's fp32 "
+                             f"logit scale); got {sm_scale}")
+    if num_splits is not None and (isinstance(num_splits, bool) or not isinstance(num_splits, int)
+                                   or num_splits < 1):
+        raise ValueError(f"num_splits must be a positive int; got {num_splits!r}")
     if out is not None:
         require_tensor("out", out)
         if out.shape != q.shape or out.dtype != q.dtype or out.device != q.device:
@@ -1088,8 +1181,18 @@ def decode_attention(
     any device) or ``"triton"`` (fused split-KV kernel; bits 2/3/4, D 64/128/256);
     ``None`` picks Triton on a GPU. num_splits: override the split count (Triton).
     out: optional [B, Hq, D] output buffer. Returns [B, Hq, D] in q's dtype.
+
+    The Triton path carries q * sm_scale * K scale and each softmax weight * V scale as fp16
+    tensor-core operands: a cache with fp32 scales beyond fp16's range is refused, and V
+    scales below about 2^-8 for 3 bits (2^-14 for 2 and 4 bits; a 3-bit group spanning less
+    than about 0.03) put even the largest weights among fp16's subnormals, which carry fewer
+    bits (3 bits: about 1.5% of the largest output at V scales of 2^-10, 0.1% at 2^-6.5). For a CUDA cache the checks of
+    its lengths, block table and scales, and the decode arrangement of a contiguous cache's
+    codes (:func:`kernels.paged.decode_view`), are computed once per version of those
+    tensors: write them with torch operations (which count versions), not through ``.data``,
+    DLPack or a kernel of your own, or pass a new tensor.
     """
-    lens_t, lens, held = _check_inputs(q, cache, seq_lens, sm_scale, out)
+    lens_t, lens, held = _check_inputs(q, cache, seq_lens, sm_scale, num_splits, out)
     backend = resolve_backend(backend, q.device, BACKENDS)
     d = q.shape[-1]
     if sm_scale is None:
@@ -1106,9 +1209,7 @@ def decode_attention(
     if d // cache.group_size > 2:
         raise ValueError(f"backend='triton' serves head_dim / group_size <= 2 (V scale groups per token); "
                          f"got head_dim {d}, group_size {cache.group_size} (use 'torch')")
-    if num_splits is not None and (isinstance(num_splits, bool) or not isinstance(num_splits, int)
-                                   or num_splits < 1):
-        raise ValueError(f"num_splits must be a positive int; got {num_splits!r}")
+    _check_scale_range(cache)
     view = cache if isinstance(cache, PagedQuantizedKV) else decode_view(cache)
     g = cache.group_size
     max_code = max(min(n, c // g * g) for n, c in zip(lens, held, strict=True))

@@ -294,6 +294,8 @@ def pack_bits(
     """
     geo = _check_common("values", values, bits, layout)
     require_dtype("values", values, (torch.uint8,))
+    if not isinstance(validate, bool):
+        raise TypeError(f"validate must be a bool; got {type(validate).__name__}")
     n = values.shape[-1]
     if n % geo.values:
         raise ValueError(

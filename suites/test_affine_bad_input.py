@@ -158,6 +158,14 @@ CASES = {
     "append-wrong-heads": (_append_wrong_heads, ValueError, "for this cache"),
     "append-wrong-dtype": (_append_wrong_dtype, TypeError, "cache's dtype"),
     "dequantize-not-a-cache": (_dequantize_not_a_cache, TypeError, "qkv must be a QuantizedKV"),
+    "seq-lens-an-int": (lambda device, backend: kernels.quantize_kv(*_kv(device=device), seq_lens=3, backend=backend),
+                        TypeError, "seq_lens must be"),
+    "no-heads": (lambda device, backend: kernels.quantize_kv(*_kv(shape=(1, 0, 70, 64), device=device),
+                                                             backend=backend), ValueError, "H, D >= 1"),
+    "dequantize-int-dtype": (lambda device, backend: kernels.dequantize_kv(
+        kernels.quantize_kv(*_kv(device=device), backend=backend), dtype=torch.int8), TypeError, "dtype must be"),
+    "dequantize-dtype-string": (lambda device, backend: kernels.dequantize_kv(
+        kernels.quantize_kv(*_kv(device=device), backend=backend), dtype="float16"), TypeError, "dtype must be"),
     "empty-capacity-not-multiple": (_empty_capacity_not_multiple, ValueError, "capacity must be a multiple"),
 }
 

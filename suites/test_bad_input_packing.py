@@ -35,6 +35,7 @@ def _cases():
     yield "uint8 packed for word layout", lambda: unpack_bits(packed, 3, layout="word"), TypeError, "packed"
     yield "empty packed", lambda: unpack_bits(torch.empty(2, 0, dtype=u8), 3), ValueError, "empty"
     yield "float packed", lambda: unpack_bits(packed.float(), 3), TypeError, "packed"
+    yield "validate not a bool", lambda: pack_bits(values, 3, validate="no"), TypeError, "validate must be a bool"
 
 
 CASES = list(_cases())

@@ -3,6 +3,8 @@ the argument and what was expected; nothing is silently reinterpreted."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 from decode_support import random_kv, random_q
@@ -30,12 +32,28 @@ def _cache_with(bits=3, group_size=64, dim=64):
     return kernels.quantize_kv(k, v, bits, group_size=group_size, backend="torch")
 
 
+def _paged_with(c, table):
+    """The cache in a pool of its own pages (two per sequence), with this block table."""
+    pool = paged.paged_from_contiguous(c, 64)
+    return dataclasses.replace(pool, block_table=torch.tensor(table, device=DEVICE))
+
+
+def _claiming(c, n):
+    """A copy of the cache whose seq_lens claim n tokens per sequence."""
+    return dataclasses.replace(c, seq_lens=torch.full_like(c.seq_lens, n))
+
+
+def _wide_fp32_scales():
+    k, v = random_kv(1, 1, 70, 64, seed=303, device=DEVICE)
+    return kernels.quantize_kv(k.float(), v.float() * 1e6, 3, scale_dtype=torch.float32, backend="torch")
+
+
 CASES = {
     # name: (callable(cache) -> None, exception, text the message must contain)
-    "q_not_tensor": (lambda c: decode_attention([[1.0]], c), TypeError, "q"),
+    "q_not_tensor": (lambda c: decode_attention([[1.0]], c), TypeError, "q must be a torch.Tensor"),
     "q_float32": (lambda c: decode_attention(_q().float(), c), TypeError, "q must have dtype"),
     "q_int": (lambda c: decode_attention(torch.ones(2, 4, 64, dtype=torch.int32, device=DEVICE), c), TypeError,
-              "q"),
+              "q must have dtype"),
     "q_rank2": (lambda c: decode_attention(_q()[0], c), ValueError, "q must have 3 dimensions"),
     "cache_wrong_type": (lambda c: decode_attention(_q(), {"k": 1}), TypeError, "cache must be"),
     "batch_mismatch": (lambda c: decode_attention(random_q(3, 4, 64, device=DEVICE), c), ValueError, "batch"),
@@ -60,6 +78,26 @@ CASES = {
     "backend_cuda": (lambda c: decode_attention(_q(), c, backend="cuda"), ValueError, "backend"),
     "num_splits_zero": (lambda c: decode_attention(_q(), c, backend="triton", num_splits=0), ValueError,
                         "num_splits"),
+    "sm_scale_overflows_fp32": (lambda c: decode_attention(_q(), c, sm_scale=1e300), ValueError, "sm_scale"),
+    "sm_scale_int_beyond_float": (lambda c: decode_attention(_q(), c, sm_scale=10**400), ValueError, "sm_scale"),
+    "num_splits_zero_torch": (lambda c: decode_attention(_q(), c, backend="torch", num_splits=0), ValueError,
+                              "num_splits"),
+    "block_table_past_pool": (lambda c: decode_attention(_q(), _paged_with(c, [[0, 1], [7, 3]]), backend="triton"),
+                              ValueError, "cache.block_table[1, 0] = 7 is not a page of the pool"),
+    "block_table_past_pool_torch": (lambda c: decode_attention(_q(), _paged_with(c, [[0, 1], [7, 3]]),
+                                                               backend="torch"),
+                                    ValueError, "cache.block_table[1, 0] = 7 is not a page of the pool"),
+    "block_table_negative": (lambda c: decode_attention(_q(), _paged_with(c, [[-1, 1], [2, 3]]), backend="triton"),
+                             ValueError, "cache.block_table[0, 0] = -1"),
+    "block_table_float": (lambda c: decode_attention(_q(), _paged_with(c, [[0.0, 1.0], [2.0, 3.0]])), TypeError,
+                          "cache.block_table must have dtype"),
+    "cache_seq_lens_past_capacity": (lambda c: decode_attention(_q(), _claiming(c, 200), backend="triton"),
+                                     ValueError, "cache.seq_lens[0] = 200 exceeds what the cache holds"),
+    "cache_seq_lens_past_capacity_torch": (lambda c: decode_attention(_q(), _claiming(c, 200), backend="torch"),
+                                           ValueError, "cache.seq_lens[0] = 200 exceeds what the cache holds"),
+    "fp32_scales_beyond_fp16": (lambda c: decode_attention(random_q(1, 1, 64, device=DEVICE), _wide_fp32_scales(),
+                                                           backend="triton"),
+                                ValueError, "cache.v_scale holds scales up to"),
     "out_wrong_shape": (lambda c: decode_attention(_q(), c, out=torch.empty(2, 4, 32, dtype=torch.float16,
                                                                             device=DEVICE)),
                         ValueError, "out must match q"),
@@ -88,12 +126,21 @@ def test_bad_input(record, cache, name):
     assert text in str(info.value)
 
 
-def test_good_input_after_bad(record, cache):
-    """The checks reject without side effects: the same cache still decodes."""
-    q = _q()
-    out = decode_attention(q, cache, backend="triton")
+def _decodes_as_the_reference(record, q, cache_or_pool, cache):
+    out = decode_attention(q, cache_or_pool, backend="triton")
     ref = kernels.decode.reference_decode(q, cache)
     err = float((out.double() - ref).abs().max())
     record.backend, record.device, record.variant = "triton", DEVICE, "bad-input"
     record.add(max_abs_err=err, states_checked=out.numel())
     assert err <= 2e-3
+
+
+def test_good_input_after_bad(record, cache):
+    """The checks reject without side effects: the same cache still decodes."""
+    _decodes_as_the_reference(record, _q(), cache, cache)
+
+
+def test_block_table_entries_past_a_sequence_are_never_read(record, cache):
+    """Entries past the pages a sequence's length reaches may hold anything (a pool's padding):
+    sequence 1 holds 100 tokens, one page of codes, so its second entry is not a page at all."""
+    _decodes_as_the_reference(record, _q(), _paged_with(cache, [[0, 1], [2, -1]]), cache)

@@ -143,6 +143,20 @@ def test_large_scales_keep_the_fp16_range(record, device):
     assert float((out.double() - v_hat[0, 0, 7].double()).abs().max()) <= 2e-3 * top  # token 7's value
 
 
+@pytest.mark.parametrize("bits", [2, 3, 4])
+@pytest.mark.parametrize("magnitude", [1e-2, 1.0, 1e4])
+def test_value_magnitudes(record, device, bits, magnitude):
+    """V of standard deviation 1e-2 to 1e4 (3-bit V scales about 2^-6.5 to 2^13): the error stays
+    within 2e-3 of the largest output, relative, at every magnitude the kernel's fp16 weights carry
+    in full (decode_attention's docstring: V scales from about 2^-8 for 3 bits)."""
+    k, v = random_kv(1, 2, 192, 128, device=device, seed=74)
+    v = (v.float() * magnitude).to(torch.float16)
+    cache = kernels.quantize_kv(k, v, bits, backend="torch")
+    q = random_q(1, 2, 128, device=device, seed=75)
+    largest = float(reference_decode(q, cache).abs().max())
+    run_checked(record, q, cache, tol=2e-3 * largest)
+
+
 def test_one_hot_oracle(record, device):
     """Integer K and V in [-3, 4] quantize exactly (scale 1, zero 3); a query aligned with one
     key makes the softmax exactly one-hot, so the output is that token's V, bit for bit."""
