@@ -242,6 +242,12 @@ def run_dir(kind: str, leg: str, suffix: str = "", *, reports_dir: str = REPORTS
     return f"{reports_dir}/{RUNS_SUBDIR}/{kind}-{leg}{suffix}"
 
 
+def leg_run_dirs(kind: str, leg: str, *, reports_dir: str = REPORTS_DIR) -> list[str]:
+    """Every run directory a pipeline of ``kind`` may write for ``leg`` (the suites' and the
+    benchmarks'), whether or not this run's plan has the step that writes it."""
+    return [run_dir(kind, leg, suffix, reports_dir=reports_dir) for suffix in ("", "-bench")]
+
+
 MAX_WORKERS_PER_GPU = 8
 
 

@@ -13,7 +13,8 @@ The nox sessions of the same names call this module in their environment, and
 so a machine without nox runs exactly what ``nox -s gpu_verify`` runs. The device
 is probed in a child process, so this process never holds a CUDA context.
 
-Results land in ``reports/runs/<kind>-<leg>[-bench]/``; the report
+Results land in ``reports/runs/<kind>-<leg>[-bench]/`` (both removed when the leg
+starts, so a step it skips shows nothing old); the report
 (``reports/report.html``, ``junit.xml``, ``summary.md``) covers every run directory
 of the same kind, so the legs of one family share one page. The exit code is 0
 only when every step succeeded; 3 means gpu_verify found no CUDA device.
@@ -25,6 +26,7 @@ import argparse
 import importlib.util
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -78,11 +80,35 @@ def visible_devices(count: int, environ=os.environ) -> list[str]:
 
 
 STATIC_BASELINE = "static-budget.json"  # machine-code figures per interpreter leg (no timings)
+BASELINE_FORMAT = "kvh-baseline"  # the "format" of a baseline file (harness/report/baseline.py)
+
+
+def without_local_versions(name: str) -> str:
+    """A leg name with the local labels of its versions dropped: ``gpu-torch2.11.0+cu130-triton3.6.0``
+    and ``gpu-torch2.11.0-triton3.6.0`` (a leg's pins) name the same stack."""
+    return re.sub(r"\+[0-9A-Za-z.]*", "", name)
+
+
+def is_baseline(path: Path) -> bool:
+    """Whether ``path`` is a baseline file the report reads, not some other JSON kept beside them."""
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return False
+    return isinstance(data, dict) and data.get("format") == BASELINE_FORMAT
+
+
+def gpu_baselines(folder: Path) -> list[Path]:
+    """The baseline files in ``folder``, the machine-code one of the interpreter legs aside."""
+    if not folder.is_dir():
+        return []
+    return sorted(p for p in folder.glob("*.json") if p.name != STATIC_BASELINE and is_baseline(p))
 
 
 def pick_baseline(explicit: str | None, leg: str, *, gpu: bool, root: Path = Path(".")) -> str | None:
     """The baseline to compare against: an explicit path or $KVH_BASELINE; on a GPU run
-    otherwise ``reports/baselines/<leg>.json``, or the only GPU baseline there; without a GPU
+    otherwise ``reports/baselines/<leg>.json`` (with or without the local label of the torch
+    version, ``+cu130``, on either side), or the only GPU baseline there; without a GPU
     ``reports/baselines/static-budget.json`` (the kernels' machine-code figures per leg)."""
     chosen = explicit or os.environ.get("KVH_BASELINE")
     if chosen:
@@ -91,11 +117,13 @@ def pick_baseline(explicit: str | None, leg: str, *, gpu: bool, root: Path = Pat
     if not gpu:
         static = folder / STATIC_BASELINE
         return str(static) if static.is_file() else None
-    named = folder / f"{leg}.json"
-    if named.is_file():
-        return str(named)
-    found = sorted(p for p in folder.glob("*.json") if p.name != STATIC_BASELINE) if folder.is_dir() else []
-    return str(found[0]) if len(found) == 1 else None
+    found = gpu_baselines(folder)
+    named = [p for p in found if p.stem == leg]
+    same_stack = [p for p in found if without_local_versions(p.stem) == without_local_versions(leg)]
+    for candidates in (named, same_stack, found):
+        if len(candidates) == 1:
+            return str(candidates[0])
+    return None
 
 
 def family_run_dirs(kind: str, reports_dir: str) -> list[str]:
@@ -229,9 +257,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     failed = True  # until every step has run: an interrupted pipeline never reports success
     try:
         failed = False
+        for folder in commands.leg_run_dirs(args.kind, leg, reports_dir=args.reports_dir):
+            shutil.rmtree(folder, ignore_errors=True)  # a skipped step's old results are not this run's
         for step in steps:
-            if step.results_dir:
-                shutil.rmtree(step.results_dir, ignore_errors=True)  # records append: start clean
             rc = _run(step.name, step.argv, step.env, timings, step.ok)
             if step.results_dir:
                 _say_timeline(step.name, step.results_dir)
@@ -255,6 +283,9 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         write_steps()  # the steps so far go into the report; the report step itself is added after
         baseline = pick_baseline(args.baseline, leg, gpu=bool(gpus))
+        if baseline is None:
+            _say(f"report: no baseline for leg {leg} in {commands.REPORTS_DIR}/baselines/ "
+                 "(--baseline or $KVH_BASELINE names one); no regression is checked")
         failed |= render(family_run_dirs(args.kind, args.reports_dir), args.reports_dir, baseline,
                          timings, python, steps=str(steps_file)) != 0
         wall = write_steps()

@@ -9,7 +9,8 @@ Tests ask for the ``record`` fixture and fill it in::
 Metrics travel with the test report (``user_properties``), so under pytest-xdist
 the controller writes every record, and a worker that dies still leaves a
 ``crashed`` record for the test it was running. Options: ``--results-dir DIR``
-(default ``$KVH_RESULTS_DIR`` or ``reports/runs/<UTC time>``) and ``--leg NAME``.
+(default ``$KVH_RESULTS_DIR`` or ``reports/runs/<UTC time>``; each run starts its
+``records.jsonl`` afresh) and ``--leg NAME``.
 """
 
 from __future__ import annotations
@@ -29,6 +30,8 @@ from .commands import spread_controller, usable_cpus
 from .records import MANIFEST_FILE, RECORDS_FILE, Record, RecordWriter, utc_now, write_json_atomic
 
 PROPERTY = "kvh_record"
+# Exit statuses of a run that went to its end: every test passed, some failed, none was collected.
+COMPLETE_EXIT_STATUSES = (pytest.ExitCode.OK, pytest.ExitCode.TESTS_FAILED, pytest.ExitCode.NO_TESTS_COLLECTED)
 _TIMEOUT_PATTERN = re.compile(r"Timeout\s*(\(|>|\+)")
 
 
@@ -157,6 +160,9 @@ class RecordingPlugin:
         self.run_dir = Path(config.getoption("results_dir") or default)
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self.run_id = f"{self.leg}@{self.run_dir.name}"
+        # Only this process writes records (xdist workers hand theirs over in their reports), and it
+        # starts before any worker: a reused results directory holds this run's records alone.
+        (self.run_dir / RECORDS_FILE).write_bytes(b"")
         self.writer = RecordWriter(self.run_dir / RECORDS_FILE)
         self.pending: dict[str, dict] = {}
         self.bench_total = 0  # known when this process collects (serial runs); 0: unknown
@@ -337,7 +343,7 @@ class RecordingPlugin:
         if self.triton_compiles:
             self.manifest["triton_compiles"] = dict(self.triton_compiles)
         self.manifest["finished"] = utc_now()
-        self.manifest["complete"] = exitstatus in (0, 1) and not session.shouldstop
+        self.manifest["complete"] = exitstatus in COMPLETE_EXIT_STATUSES and not session.shouldstop
         self.manifest["exitstatus"] = int(exitstatus)
         write_json_atomic(self.run_dir / MANIFEST_FILE, self.manifest)
 

@@ -435,26 +435,67 @@ def test_visible_devices():
     assert pipeline.visible_devices(0, {"CUDA_VISIBLE_DEVICES": ""}) == []
 
 
+BASELINE_TEXT = json.dumps({"format": "kvh-baseline", "version": 1, "cases": {}})
+
+
 def test_pick_baseline(tmp_path, monkeypatch):
     monkeypatch.delenv("KVH_BASELINE", raising=False)
     folder = tmp_path / "reports" / "baselines"
     folder.mkdir(parents=True)
     assert pipeline.pick_baseline(None, "L", gpu=True, root=tmp_path) is None
-    (folder / "h200.json").write_text("{}")
+    (folder / "h200.json").write_text(BASELINE_TEXT)
     assert pipeline.pick_baseline(None, "L", gpu=True, root=tmp_path) == str(folder / "h200.json")
     assert pipeline.pick_baseline(None, "L", gpu=False, root=tmp_path) is None
-    (folder / "L.json").write_text("{}")
+    (folder / "L.json").write_text(BASELINE_TEXT)
     assert pipeline.pick_baseline(None, "L", gpu=True, root=tmp_path) == str(folder / "L.json")
     (folder / "L.json").unlink()
-    (folder / "other.json").write_text("{}")
+    (folder / "other.json").write_text(BASELINE_TEXT)
     assert pipeline.pick_baseline(None, "L", gpu=True, root=tmp_path) is None  # ambiguous: none
     (folder / "other.json").unlink()
-    (folder / pipeline.STATIC_BASELINE).write_text("{}")  # machine-code figures: never a GPU baseline
+    (folder / pipeline.STATIC_BASELINE).write_text(BASELINE_TEXT)  # machine-code figures: never a GPU baseline
     assert pipeline.pick_baseline(None, "L", gpu=True, root=tmp_path) == str(folder / "h200.json")
     assert pipeline.pick_baseline(None, "L", gpu=False, root=tmp_path) == str(folder / pipeline.STATIC_BASELINE)
     assert pipeline.pick_baseline("x.json", "L", gpu=False, root=tmp_path) == "x.json"
     monkeypatch.setenv("KVH_BASELINE", "env.json")
     assert pipeline.pick_baseline(None, "L", gpu=False, root=tmp_path) == "env.json"
+
+
+def test_baseline_format_is_the_reports():
+    from harness.report import baseline
+
+    assert pipeline.BASELINE_FORMAT == baseline.FORMAT
+
+
+@pytest.mark.parametrize(("leg", "file"), [
+    ("gpu-torch2.11.0-triton3.6.0", "gpu-torch2.11.0+cu130-triton3.6.0"),  # a leg's pins, an installed build
+    ("gpu-torch2.8.0+cu128-triton3.4.0", "gpu-torch2.8.0-triton3.4.0"),
+])
+def test_pick_baseline_matches_a_leg_with_or_without_the_local_torch_label(tmp_path, monkeypatch, leg, file):
+    monkeypatch.delenv("KVH_BASELINE", raising=False)
+    folder = tmp_path / "reports" / "baselines"
+    folder.mkdir(parents=True)
+    for name in (file, "gpu-torch2.14.1+cu130-triton3.8.0"):
+        (folder / f"{name}.json").write_text(BASELINE_TEXT)
+    assert pipeline.pick_baseline(None, leg, gpu=True, root=tmp_path) == str(folder / f"{file}.json")
+
+
+def test_pick_baseline_counts_only_baseline_files_as_the_only_one(tmp_path, monkeypatch):
+    monkeypatch.delenv("KVH_BASELINE", raising=False)
+    folder = tmp_path / "reports" / "baselines"
+    folder.mkdir(parents=True)
+    (folder / "h200.json").write_text(BASELINE_TEXT)
+    (folder / "packing-h200.json").write_text(json.dumps({"date": "2026-11-30", "copy_gbps": 4270.9}))
+    (folder / "broken.json").write_text("{")
+    assert pipeline.pick_baseline(None, "gpu-torch2.8.0-triton3.4.0", gpu=True, root=tmp_path) == str(
+        folder / "h200.json")
+
+
+def test_leg_run_dirs_hold_every_step_of_every_plan():
+    for kind in commands.KINDS:
+        gpus = [] if kind == "tests" else ["0"]
+        dirs = commands.leg_run_dirs(kind, "L", reports_dir="R")
+        assert all(step.results_dir in dirs for step in commands.plan(kind, python=PY, leg="L", gpus=gpus,
+                                                                     reports_dir="R"))
 
 
 def test_family_run_dirs(tmp_path):

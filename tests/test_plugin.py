@@ -99,6 +99,14 @@ def test_never_reached():
     assert manifest["complete"] is False and manifest["exitstatus"] == 2
 
 
+def _subprocess_env(monkeypatch) -> None:
+    """A pytest child process that imports the harness and only the plugins its run names
+    (faster workers)."""
+    monkeypatch.setenv("PYTHONPATH", str(ROOT))
+    monkeypatch.setenv("PYTEST_DISABLE_PLUGIN_AUTOLOAD", "1")
+    monkeypatch.delenv("PYTEST_ADDOPTS", raising=False)
+
+
 def test_xdist_worker_death_leaves_a_crashed_record(pytester, tmp_path, monkeypatch):
     pytest.importorskip("xdist")
     path = pytester.makepyfile(test_crash='''
@@ -113,9 +121,7 @@ def test_fine(i, record):
 def test_dies():
     os._exit(3)
 ''')
-    monkeypatch.setenv("PYTHONPATH", str(ROOT))
-    monkeypatch.setenv("PYTEST_DISABLE_PLUGIN_AUTOLOAD", "1")  # only what the run needs: faster workers
-    monkeypatch.delenv("PYTEST_ADDOPTS", raising=False)
+    _subprocess_env(monkeypatch)
     run_dir = tmp_path / "run"
     result = pytester.runpytest_subprocess(str(path), "-p", "xdist.plugin", "-n", "2", "-p", "harness.plugin",
                                            "--results-dir",
@@ -130,6 +136,40 @@ def test_dies():
     assert sorted(r.metrics["states_checked"] for r in fine.values()) == [1, 2, 3, 4, 5, 6]
     assert all(r.worker and r.worker.startswith("gw") for r in fine.values())
     assert _manifest(run_dir)["complete"] is True
+
+
+def test_a_reused_results_directory_holds_only_the_last_runs_records(pytester, tmp_path, monkeypatch):
+    """Twice into one directory, the second time over two xdist workers: every case once."""
+    pytest.importorskip("xdist")
+    path = pytester.makepyfile(test_twice='''
+import pytest
+
+
+@pytest.mark.parametrize("i", range(6))
+def test_case(i, record):
+    record.add(states_checked=i + 1)
+''')
+    _subprocess_env(monkeypatch)
+    run_dir = tmp_path / "run"
+    common = ["-p", "harness.plugin", "--results-dir", str(run_dir), "-p", "no:cacheprovider"]
+    pytester.runpytest_subprocess(str(path), *common, timeout=120).assert_outcomes(passed=6)
+    result = pytester.runpytest_subprocess(str(path), "-p", "xdist.plugin", "-n", "2", *common, timeout=120)
+    result.assert_outcomes(passed=6)
+    records = read_records(run_dir / RECORDS_FILE)
+    assert records.problems == []
+    assert sorted(r.metrics["states_checked"] for r in records.records) == [1, 2, 3, 4, 5, 6]
+    assert all(r.worker and r.worker.startswith("gw") for r in records.records)
+
+
+def test_a_run_that_collects_no_test_is_complete(pytester, tmp_path):
+    pytester.makepyfile(test_inner=INNER)
+    run_dir = tmp_path / "run"
+    result = pytester.runpytest("-p", "harness.plugin", "--results-dir", str(run_dir), "-k", "no_such_case",
+                                "-p", "no:cacheprovider")
+    assert result.ret == pytest.ExitCode.NO_TESTS_COLLECTED
+    manifest = _manifest(run_dir)
+    assert manifest["complete"] is True and manifest["exitstatus"] == 5
+    assert _records(run_dir) == {}
 
 
 def test_benchmark_cases_print_a_progress_line_as_they_land(pytester, tmp_path):
@@ -165,9 +205,7 @@ def test_worker_cpu_threads_share_the_cores(environ, cpus, expected):
 
 def test_xdist_workers_share_the_cores(pytester, monkeypatch):
     pytest.importorskip("xdist")
-    monkeypatch.setenv("PYTHONPATH", str(ROOT))
-    monkeypatch.setenv("PYTEST_DISABLE_PLUGIN_AUTOLOAD", "1")
-    monkeypatch.delenv("PYTEST_ADDOPTS", raising=False)
+    _subprocess_env(monkeypatch)
     monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
     pytester.makepyfile(test_threads='''
 import os, torch

@@ -115,3 +115,13 @@ def test_odd_fields_of_a_steps_file_are_defaulted_not_fatal(tmp_path):
     assert "report 0.0 s (exit None)" in html
     assert "pipeline <b>verify</b>" in html and "suites 0.0 s (exit None)" in html and "GPU" not in html.split(
         'id="pipeline"')[1].split("</div>")[0]
+
+
+def test_fail_on_regressions_fails_a_run_not_read_whole(tmp_path):
+    """An unreadable line may have been a failure: --fail-on regressions does not pass it."""
+    run = _passing_run(tmp_path)
+    assert main(["summarize", str(run), "--fail-on", "regressions"]) == 0
+    with open(run / "records.jsonl", "a", encoding="utf-8") as fh:
+        fh.write('{"suite": "affine", "case": "test_b", "outcome": "fai\n')
+    assert main(["summarize", str(run), "--fail-on", "failures"]) == 0
+    assert main(["summarize", str(run), "--fail-on", "regressions"]) == 1

@@ -88,3 +88,17 @@ def test_suites_and_benchmarks_of_one_leg_merge_into_one_column(tmp_path):
     assert any(p.startswith(f"{bench}: incomplete run") for p in merged.problems)
     summary = summarize(results)
     assert [s.name for s in summary.suites] == ["suites/affine", "suites/bench_x"]
+
+
+def test_runs_of_one_leg_by_different_sessions_stay_apart(tmp_path):
+    """gpu_verify's suites and benchmarks are one column; a bench session of the leg is another."""
+    env = env_for("L", "gpu")
+    runs = tmp_path / "runs"
+    dirs = [write_run(runs / "gpu_verify-L", [rec("affine", "t1")], leg="L", env=env),
+            write_run(runs / "gpu_verify-L-bench", [rec("bench_x", "b1")], leg="L", env=env),
+            write_run(runs / "bench-L", [rec("bench_x", "b1")], leg="L", env=env)]
+    results = load_results(dirs)
+    assert [(run.session, run.label, [r.case for r in run.records]) for run in results.runs] == [
+        ("gpu_verify", "L [gpu_verify-L]", ["t1", "b1"]), ("bench", "L [bench-L]", ["b1"])]
+    bench = next(s for s in summarize(results).suites if s.name == "suites/bench_x")
+    assert [cell.stats.cell_text() for cell in bench.cells] == ["1/1", "1/1"]

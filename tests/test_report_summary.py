@@ -67,6 +67,18 @@ def test_verdict(tmp_path, outcomes, complete, verdict):
     assert _summary(tmp_path, records, complete=complete).verdict == verdict
 
 
+def test_an_unreadable_line_keeps_a_finished_run_from_passing(tmp_path):
+    """The lost line may have been a failure: the verdict says the input was not read whole."""
+    run_dir = write_run(tmp_path / "r", [rec("s", "t0"), rec("s", "t1", "failed")], leg="L",
+                        env=env_for("L", "gpu"))
+    records = run_dir / "records.jsonl"
+    first, second = records.read_text().splitlines()
+    records.write_text(f"{first}\n{second[:40]}\n{first}\n")
+    summary = summarize(load_results([run_dir]))
+    assert summary.runs[0].complete and summary.counts == {"passed": 2}
+    assert summary.n_problems == 1 and summary.verdict == "INCOMPLETE"
+
+
 def test_cell_text_and_status():
     from collections import Counter
     assert Stats(counts=Counter(passed=3, skipped=2)).cell_text() == "3/3"

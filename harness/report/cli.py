@@ -59,7 +59,7 @@ def _exit_code(summary, fail_on: str) -> int:
         return 0
     if summary.stats.bad:
         return 1
-    if fail_on == "regressions" and (summary.n_regressions or summary.incomplete):
+    if fail_on == "regressions" and (summary.n_regressions or summary.incomplete or summary.n_problems):
         return 1
     return 0
 

@@ -1,10 +1,12 @@
 """Reading result sets: run directories (``records.jsonl`` + ``manifest.json``) or records files.
 
 Every input becomes one or more :class:`Run` objects (one per version leg found in
-it). Runs of the same leg on the same machine (the suites and the benchmarks of one
-pipeline, say) merge into one :class:`Run`, one column of the report. Nothing here
-raises on bad input: missing paths, unreadable lines and missing or incomplete
-manifests become ``problems`` that the report shows.
+it). Runs of the same leg on the same machine by the same session (the suites and the
+benchmarks of one pipeline, say) merge into one :class:`Run`, one column of the report;
+the session is the pipeline kind that names a run directory (``gpu_verify-<leg>-bench``),
+so a ``bench`` run of the leg stays a column of its own. Nothing here raises on bad input:
+missing paths, unreadable lines and missing or incomplete manifests become ``problems``
+that the report shows.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from ..commands import KINDS
 from ..records import MANIFEST_FILE, RECORDS_FILE, Record, read_manifest, read_records
 from .fmt import to_float
 
@@ -32,6 +35,7 @@ class Run:
     records: list[Record]
     problems: list[str] = field(default_factory=list)
     label: str = ""  # unique column label, set by :func:`load_results`
+    session: str = ""  # the pipeline kind that wrote it (:func:`session_of`), "" for other runs
     parts: list[tuple[Path, dict]] = field(default_factory=list)  # (source, manifest) merged here
 
     def __post_init__(self) -> None:
@@ -53,7 +57,7 @@ class Run:
 
     @property
     def merge_key(self) -> tuple:
-        return self.leg, self.host, self.mode, self.gpu
+        return self.session, self.leg, self.host, self.mode, self.gpu
 
     def absorb(self, other: Run) -> None:
         """Take in the records of another run of the same leg on the same machine."""
@@ -123,6 +127,12 @@ def _find_run_dirs(root: Path) -> list[Path]:
     return sorted(found)
 
 
+def session_of(run_dir: Path | None) -> str:
+    """The pipeline kind of a run directory named ``<kind>-<leg>[-bench]``, else ""."""
+    kind = run_dir.name.split("-", 1)[0] if run_dir is not None else ""
+    return kind if kind in KINDS else ""
+
+
 def _load_one(records_path: Path, run_dir: Path | None, source: Path) -> list[Run]:
     manifest = read_manifest(run_dir) if run_dir is not None else {}
     problems: list[str] = []
@@ -158,6 +168,7 @@ def _load_one(records_path: Path, run_dir: Path | None, source: Path) -> list[Ru
                 manifest=manifest if owns else {},
                 records=leg_records,
                 problems=list(problems) if owns else [f"records of leg {leg!r} without a manifest"],
+                session=session_of(run_dir),
             )
         )
     return runs

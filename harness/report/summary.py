@@ -193,11 +193,13 @@ class Summary:
 
     @property
     def verdict(self) -> str:
+        """FAILED before INCOMPLETE: a run that did not finish, or an input not read whole (a
+        record lost to an unreadable line may be a failure), is never PASSED."""
         if not self.stats.total:
             return "NO RESULTS"
         if self.stats.bad:
             return "FAILED"
-        if self.incomplete:
+        if self.incomplete or self.n_problems:
             return "INCOMPLETE"
         if self.n_regressions:
             return "REGRESSED"
