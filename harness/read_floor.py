@@ -18,6 +18,7 @@ import triton.language as tl
 
 from harness.timing import graph_replay_ms, rotations
 from kernels._runtime import triton_interpreted
+from kernels.aot import AotSpec
 
 FLOOR_BLOCK = 4096  # int32 words one program reads per step (16 KB)
 FLOOR_WARPS = 8
@@ -93,3 +94,12 @@ def read_floor_ms(nbytes: int, device_index: int = 0) -> float:
         del buffers
         torch.cuda.empty_cache()
     return ms
+
+
+# ----------------------------------------------------------------------------- AOT specialization
+# The flat read as read_floor_ms launches it (kernels.aot compiles it with the kernels it bounds):
+# chunks a multiple of CHUNK_ALIGN words, sizes below 2**31 words.
+AOT_SPECS = [AotSpec("read_floor_chunks", _read_chunks_kernel,
+                     {"x_ptr": "*i32", "out_ptr": "*i32", "n": "i32", "per_program": "i32"},
+                     {"BLOCK": FLOOR_BLOCK, "INTERPRET": False}, num_warps=FLOOR_WARPS,
+                     divisible_ints=("per_program",))]

@@ -62,6 +62,16 @@ def _jsonable(value):
     return str(value)
 
 
+# The JSON type of each field of a record as read back: (Python types, what the error says).
+_FIELD_TYPES = {
+    **dict.fromkeys(("suite", "case", "nodeid", "outcome", "group", "run_id", "leg", "time"), ((str,), "a string")),
+    **dict.fromkeys(("backend", "variant", "device", "message", "worker"), ((str, type(None)), "a string or null")),
+    "duration_s": ((int, float, str), "a number"),
+    "metrics": ((dict,), "an object"),
+    "schema": ((int,), "an integer"),
+}
+
+
 @dataclass
 class Record:
     suite: str
@@ -91,8 +101,24 @@ class Record:
 
     @classmethod
     def from_dict(cls, data: dict) -> Record:
+        """A record from its JSON object. TypeError or ValueError (which readers report as a bad
+        line) when it is no object, misses a field or holds a field of the wrong type."""
+        if not isinstance(data, dict):
+            raise TypeError(f"expected a JSON object, got {type(data).__name__}")
         known = {k: data[k] for k in cls.__dataclass_fields__ if k in data}
+        for name, value in known.items():
+            types, what = _FIELD_TYPES[name]
+            if isinstance(value, bool) or not isinstance(value, types):
+                raise TypeError(f"field {name!r} must be {what}, got {type(value).__name__}")
+        if "duration_s" in known:  # non-finite durations are written as strings ("nan")
+            try:
+                known["duration_s"] = float(known["duration_s"])
+            except ValueError:
+                raise ValueError(f"field 'duration_s' must be a number, got {known['duration_s']!r}") from None
         return cls(**known)
+
+
+assert set(_FIELD_TYPES) == set(Record.__dataclass_fields__)
 
 
 class RecordWriter:

@@ -35,6 +35,18 @@ def test_every_triton_kernel_compiles_for_sm90(record):
     assert compiled >= 60, f"only {compiled} specializations compiled:\n{result.stdout[-2000:]}"
 
 
+def test_the_read_floor_kernel_is_among_the_kernels_compiled_ahead_of_time():
+    code = ("from kernels.aot import collect_specs, compile_spec\n"
+            "for spec in collect_specs()[0]:\n"
+            "    if spec.kernel.fn.__module__ == 'harness.read_floor':\n"
+            "        print(spec.name, len(compile_spec(spec, 90).asm['cubin']))\n")
+    result = _run("-c", code)
+    assert result.returncode == 0, result.stderr[-3000:]
+    (line,) = result.stdout.splitlines()
+    name, cubin_bytes = line.split()
+    assert name == "read_floor_chunks" and int(cubin_bytes) > 0
+
+
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not installed on this machine")
 def test_every_cuda_source_compiles_with_nvcc(record):
     result = _run("-m", "harness.compile_cuda")

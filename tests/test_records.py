@@ -86,6 +86,37 @@ def test_corrupt_middle_line_names_its_number(tmp_path):
     assert [p.split(": ")[1] for p in result.problems] == ["line 2 unreadable", "line 3 unreadable"]
 
 
+@pytest.mark.parametrize(("change", "why"), [
+    ({"metrics": None}, "field 'metrics' must be an object, got NoneType"),
+    ({"metrics": [1]}, "field 'metrics' must be an object, got list"),
+    ({"case": 3}, "field 'case' must be a string, got int"),
+    ({"backend": ["triton"]}, "field 'backend' must be a string or null, got list"),
+    ({"message": {"E": 1}}, "field 'message' must be a string or null, got dict"),
+    ({"duration_s": "slow"}, "field 'duration_s' must be a number, got 'slow'"),
+    ({"duration_s": True}, "field 'duration_s' must be a number, got bool"),
+    ({"schema": 1.5}, "field 'schema' must be an integer, got float"),
+    ({"outcome": None}, "field 'outcome' must be a string, got NoneType"),
+    ({"suite": None}, "field 'suite' must be a string, got NoneType"),
+])
+def test_a_field_of_the_wrong_type_is_a_problem_not_an_exception(tmp_path, change, why):
+    path = tmp_path / "records.jsonl"
+    good = _record(0).to_json()
+    path.write_text("\n".join([good, json.dumps({**json.loads(good), **change}), good]) + "\n")
+    result = read_records(path)
+    assert len(result.records) == 2
+    assert result.problems == [f"records.jsonl: line 2 unreadable: {why}"]
+
+
+def test_a_line_that_is_no_object_is_a_problem_and_a_non_finite_duration_reads_back(tmp_path):
+    path = tmp_path / "records.jsonl"
+    path.write_text("\n".join(["[1, 2]", '"text"', "7", _record(0, duration_s=float("nan")).to_json()]) + "\n")
+    result = read_records(path)
+    assert [p.split(": ", 2)[2] for p in result.problems] == [
+        "expected a JSON object, got list", "expected a JSON object, got str", "expected a JSON object, got int"]
+    (record,) = result.records
+    assert isinstance(record.duration_s, float) and math.isnan(record.duration_s)
+
+
 def test_missing_file_and_manifest(tmp_path):
     result = read_records(tmp_path / "nope.jsonl")
     assert result.records == [] and "no such file" in result.problems[0]

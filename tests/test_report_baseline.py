@@ -204,3 +204,29 @@ def test_reference_moves_are_shown_apart_in_every_summary(tmp_path):
     section = html[html.index("1 reference measurements moved"):]
     section = section[:section.index("</details>")]
     assert "<td class=\"t\">compiled</td>" in section and "<td class=\"t\">slower</td>" in section
+
+
+@pytest.mark.parametrize("now", [{"ms": float("nan")}, {"ms": 0.0, "gbps": 0.0}, {"ms": "inf", "gbps": -1.0}, {}],
+                         ids=["nan", "zero", "inf", "missing"])
+def test_a_timing_lost_since_the_baseline_is_a_regression(tmp_path, now):
+    from harness.report import render_html, summarize, text_summary
+
+    base = make_baseline(load_results([_run(tmp_path, "a", [rec("b", "t", metrics={"ms": 0.1, "gbps": 10.0}),
+                                                           rec("b", "bw", metrics={"gbps": 10.0}),
+                                                           rec("b", "never", metrics={"ms": "nan"})])]))
+    results = load_results([_run(tmp_path, "b", [rec("b", "t", metrics=now), rec("b", "bw", metrics=now),
+                                                 rec("b", "never", metrics=now)])])
+    comparison = compare(results, base)
+    assert sorted((f.kind, f.case, f.metric, f.baseline) for f in comparison.regressions) == [
+        ("timing lost", "bw", "gbps", 10.0), ("timing lost", "t", "ms", 0.1)]
+    assert not comparison.improvements
+    summary = summarize(results, comparison)
+    assert summary.verdict == "REGRESSED" and "2 timing lost" in text_summary(summary)
+    assert ">timing lost</span>" in render_html(summary)
+
+
+def test_a_time_still_recorded_beside_a_lost_bandwidth_is_compared(tmp_path):
+    base = make_baseline(load_results([_run(tmp_path, "a", [rec("b", "t", metrics={"ms": 0.1, "gbps": 10.0})])]))
+    now = load_results([_run(tmp_path, "b", [rec("b", "t", metrics={"ms": 0.1, "gbps": float("nan")})])])
+    comparison = compare(now, base)
+    assert comparison.regressions == [] and comparison.improvements == [] and comparison.compared == 1

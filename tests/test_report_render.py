@@ -152,3 +152,71 @@ def test_environment_shows_the_triton_compiles_of_a_spread_run(tmp_path):
     row = env[env.index("Triton kernels"):]
     row = row[: row.index("</tr>")]
     assert re.findall(r'<td class="t">(.*?)</td>', row) == ["", "281 compiled, 5 waited for in another worker"]
+
+
+def _svg_texts(charts) -> str:
+    return "\n".join(base64.b64decode(chart.uri.split(",", 1)[1]).decode("utf-8") for chart in charts)
+
+
+def test_speed_and_bandwidth_charts_draw_only_cases_that_passed(tmp_path):
+    from harness.report.charts import PASSED_ONLY, all_charts
+
+    figures = {"ms": 1e-3, "gbps": 9000.0, "pct_of_peak": 4000.0, "pct_of_read_floor": 900.0, "speedup": {"base": 110.0}}
+    records = [rec("bench_x", "t[ok]", backend="triton", variant="ok", device="cuda:0",
+                   metrics={"ms": 0.1, "gbps": 20.0, "pct_of_peak": 50.0, "pct_of_read_floor": 40.0,
+                            "speedup": {"base": 1.5}})]
+    records += [rec("bench_x", f"t[{outcome}]", outcome, backend="triton", variant=outcome, device="cuda:0",
+                    metrics=figures) for outcome in ("failed", "error", "crashed", "timeout")]
+    charts = all_charts(summarize(load_results([write_run(tmp_path / "r", records, leg="L", env=env_for("L", "gpu"))])))
+    drawn = charts["speedup"] + charts["bandwidth"]
+    assert len(drawn) == 3 and all(PASSED_ONLY in chart.caption for chart in drawn)
+    svg = _svg_texts(drawn)
+    assert "1.50\N{MULTIPLICATION SIGN}" in svg and "50%" in svg and "40%" in svg and "triton/ok" in svg
+    for shown_if_failed_counted in ("110\N{MULTIPLICATION SIGN}", "4000%", "900%", "triton/failed", "triton/timeout"):
+        assert shown_if_failed_counted not in svg
+
+
+def test_a_lone_surrogate_in_any_field_never_stops_the_report(tmp_path):
+    from harness.report import (
+        compare,
+        make_baseline,
+        markdown_summary,
+        text_summary,
+        write_html,
+        write_junit,
+    )
+
+    bad = "\udcff"
+    metrics = {"ms": 0.1, "gbps": 5.0, "pct_of_peak": 10.0, "speedup": {"base" + bad: 2.0}, "shape": "S" + bad,
+               "max_abs_err": 0.1, "other" + bad: "x" + bad, "error_type": "E" + bad, "error_message": "m" + bad}
+    records = [rec("bench" + bad, f"t[{outcome}{bad}]", outcome, backend="triton" + bad, variant="v" + bad,
+                   device="cuda" + bad, message="E   boom " + bad, metrics=metrics) for outcome in ("passed", "failed")]
+    env = {**env_for("L" + bad, "gpu", host="h" + bad), "gpu": "G" + bad}
+    results = load_results([write_run(tmp_path / "r", records, leg="L" + bad, env=env)])
+    summary = summarize(results, compare(results, make_baseline(results), source="base" + bad + ".json"))
+    html = write_html(tmp_path / "out" / "report.html", render_html(summary, title="t" + bad)).read_text("utf-8")
+    junit = write_junit(tmp_path / "out" / "junit.xml", results)
+    ET.parse(junit)
+    texts = [html, junit.read_text("utf-8"), markdown_summary(summary, report_name="r" + bad), text_summary(summary)]
+    for text in texts:
+        text.encode("utf-8")
+        assert "\N{REPLACEMENT CHARACTER}" in text
+    assert "boom \N{REPLACEMENT CHARACTER}" in html and len(Page(html).images) >= 3
+    assert sorted(p.name for p in (tmp_path / "out").iterdir()) == ["junit.xml", "report.html"]
+
+
+def test_a_record_line_of_wrong_types_is_a_read_problem_on_the_page(tmp_path):
+    import json
+
+    from harness.records import RECORDS_FILE
+
+    run_dir = write_run(tmp_path / "r", [rec("bits", "test_a")], leg="L", env=env_for("L", "interpreter"))
+    good = json.loads((run_dir / RECORDS_FILE).read_text())
+    with open(run_dir / RECORDS_FILE, "a", encoding="utf-8") as fh:
+        fh.write(json.dumps({**good, "case": "test_b", "metrics": None}) + "\n")
+        fh.write(json.dumps({**good, "case": "test_c", "duration_s": "slow"}) + "\n")
+    results = load_results([run_dir])
+    html = render_html(summarize(results))
+    assert [r.case for r in results.runs[0].records] == ["test_a"]
+    assert "line 2 unreadable: field &#39;metrics&#39; must be an object, got NoneType" in html
+    assert "unreadable: field &#39;duration_s&#39; must be a number, got &#39;slow&#39;" in html

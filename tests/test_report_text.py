@@ -66,3 +66,25 @@ def test_markdown_summary_says_where_each_run_s_time_went(tmp_path):
                          "\N{MIDDLE DOT} wind-down 0.9 s \N{MIDDLE DOT} session ended at 72.4 s")
     plain = write_run(tmp_path / "plain", [rec("bits", "test_a")], leg="P", env=env_for("P", "interpreter"))
     assert "first test at" not in markdown_summary(summarize(load_results([plain])))
+
+
+def test_non_finite_values_have_one_spelling_in_every_column(tmp_path):
+    import math
+    import re
+
+    from synthetic import env_for, rec, write_run
+
+    from harness.report import fmt, render_html
+
+    formatters = (fmt.fmt_count, fmt.fmt_err, fmt.fmt_sig, fmt.fmt_pct, fmt.fmt_x, fmt.fmt_signed_pct,
+                  fmt.fmt_duration, lambda v: fmt.fmt_metric("ms", v), lambda v: fmt.fmt_metric("custom", v))
+    for value, spelling in ((math.nan, "NaN"), ("nan", "NaN"), (math.inf, "inf"), ("-inf", "-inf")):
+        assert [f(value) for f in formatters] == [spelling] * len(formatters), value
+    nan = float("nan")
+    run_dir = write_run(tmp_path / "r", [rec("bench", "t", backend="triton", duration_s=nan, metrics={
+        "ms": nan, "gbps": nan, "pct_of_peak": nan, "max_abs_err": nan, "speedup": {"base": nan}, "custom": nan})],
+        leg="L", env=env_for("L", "gpu"))
+    html = render_html(summarize(load_results([run_dir])))
+    cells = re.findall(r"<td[^>]*>([^<]*)</td>", html[html.index('id="c0-0"'):])
+    assert cells.count("NaN") >= 5 and "NaN base" in cells
+    assert not any(re.search(r"nan(%|\N{MULTIPLICATION SIGN})|\bnan\b", cell) for cell in cells)

@@ -43,7 +43,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..records import OUTCOMES, Record, utc_now, write_json_atomic
-from .fmt import to_float
+from .fmt import clean_text, to_float
 from .load import BAD_OUTCOMES, ResultSet, Run
 from .summary import ERROR_METRICS, suite_name, worst
 
@@ -170,7 +170,7 @@ def read_baseline(path: str | os.PathLike) -> dict:
 
 @dataclass
 class Finding:
-    kind: str  # "slower", "faster", "new failure", "error grew", "static grew", "static shrank"
+    kind: str  # "slower", "faster", "timing lost", "new failure", "error grew", "static grew", "static shrank"
     key: str
     run_label: str
     suite: str
@@ -208,15 +208,28 @@ def _finding(kind, key, run, record, metric, base, cur, change=None, note="") ->
                    record.variant, metric, base, cur, change, note)
 
 
+def _timing(value) -> float | None:
+    """A time or bandwidth that can be compared: finite and positive; else None."""
+    number = to_float(value)
+    return number if number is not None and math.isfinite(number) and number > 0 else None
+
+
 def _timing_finding(key, run, record, entry, threshold_pct) -> Finding | None:
-    base_ms, cur_ms = to_float(entry.get("ms")), to_float(record.metrics.get("ms"))
-    if base_ms and cur_ms and math.isfinite(base_ms) and math.isfinite(cur_ms):
+    """ms against the baseline's ms, else GB/s against its GB/s. A case whose baseline had a
+    time or bandwidth but that now has neither (NaN, 0 or none recorded) has lost its timing."""
+    base_ms, cur_ms = _timing(entry.get("ms")), _timing(record.metrics.get("ms"))
+    base_bw, cur_bw = _timing(entry.get("gbps")), _timing(record.metrics.get("gbps"))
+    if base_ms and cur_ms:
         metric, base, cur, change = "ms", base_ms, cur_ms, (cur_ms / base_ms - 1.0) * 100.0
-    else:
-        base_bw, cur_bw = to_float(entry.get("gbps")), to_float(record.metrics.get("gbps"))
-        if not (base_bw and cur_bw and math.isfinite(base_bw) and math.isfinite(cur_bw)):
-            return None
+    elif base_bw and cur_bw:
         metric, base, cur, change = "gbps", base_bw, cur_bw, (base_bw / cur_bw - 1.0) * 100.0
+    elif base_ms or base_bw:
+        metric = "ms" if base_ms else "gbps"
+        now = record.metrics.get(metric)
+        note = "none recorded now" if now is None else "no finite positive figure now"
+        return _finding("timing lost", key, run, record, metric, base_ms or base_bw, now, None, note)
+    else:
+        return None
     if change > threshold_pct:
         return _finding("slower", key, run, record, metric, base, cur, change)
     if change < -threshold_pct:
@@ -273,10 +286,10 @@ def compare(
     threshold_pct: float = DEFAULT_THRESHOLD_PCT,
     error_factor: float = DEFAULT_ERROR_FACTOR,
 ) -> Comparison:
-    """Flag slowdowns over ``threshold_pct``, new failures and grown errors against ``baseline``."""
+    """Flag slowdowns over ``threshold_pct``, lost timings, new failures and grown errors against ``baseline``."""
     cases = baseline.get("cases", {})
     comparison = Comparison(
-        source=source,
+        source=clean_text(source),
         created=baseline.get("created"),
         threshold_pct=threshold_pct,
         error_factor=error_factor,
@@ -311,11 +324,11 @@ def compare(
                 comparison.references.extend(f for f in (timing, *errors) if f is not None)
                 continue
             if timing is not None:
-                (comparison.regressions if timing.kind == "slower" else comparison.improvements).append(timing)
+                (comparison.improvements if timing.kind == "faster" else comparison.regressions).append(timing)
             comparison.regressions.extend(errors)
     comparison.new_cases = sorted(new)
     comparison.missing_cases = sorted(set(cases) - seen)
-    order = {"new failure": 0, "slower": 1, "static grew": 2, "error grew": 3}
+    order = {"new failure": 0, "timing lost": 1, "slower": 2, "static grew": 3, "error grew": 4}
     comparison.regressions.sort(key=lambda f: (order[f.kind], -(f.change_pct or math.inf)))
     comparison.improvements.sort(key=lambda f: f.change_pct or 0.0)
     comparison.references.sort(key=lambda f: (f.change_pct is not None, -abs(f.change_pct or 0.0)))

@@ -22,7 +22,7 @@ from matplotlib.figure import Figure  # noqa: E402
 from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter  # noqa: E402
 
 from ..records import Record  # noqa: E402
-from .fmt import fmt_sig, to_float  # noqa: E402
+from .fmt import clean_text, fmt_sig, to_float  # noqa: E402
 from .load import BAD_OUTCOMES  # noqa: E402
 from .summary import Summary, suite_name  # noqa: E402
 
@@ -42,6 +42,7 @@ RC = {
     "grid.linewidth": 0.5,
 }
 MAX_HEIGHT_IN = 14.0
+PASSED_ONLY = "passed cases only"  # what the speed and bandwidth charts draw (captions say it)
 
 
 @dataclass
@@ -94,7 +95,8 @@ def grouped_barh(rows, series, colors, *, xlabel, log=False, origin=0.0, refline
     ``rows`` is a list of (shape, implementation); rows of one shape sit under a bold shape
     heading. ``series`` maps a leg label to {row: value} and ``colors`` a leg label to its color
     (the page prints the chart's title above the image). Bars start at ``origin``: with
-    ``log`` and origin 1 (speedups) they grow left when slower and right when faster.
+    ``log`` and origin 1 (speedups) they grow left when slower and right when faster. Labels
+    are drawn through :func:`clean_text` (the font renderer refuses lone surrogates).
     """
     with matplotlib.rc_context(RC):
         n_ser = max(1, len(series))
@@ -103,13 +105,13 @@ def grouped_barh(rows, series, colors, *, xlabel, log=False, origin=0.0, refline
         for shape in dict.fromkeys(shape for shape, _ in rows):
             if shape:
                 ticks.append(y)
-                labels.append(shape)
+                labels.append(clean_text(shape))
                 bold.append(True)
                 y += 0.75
             for row in (r for r in rows if r[0] == shape):
                 y_of[row] = y
                 ticks.append(y)
-                labels.append(("  " if shape else "") + row[1])
+                labels.append(clean_text(("  " if shape else "") + row[1]))
                 bold.append(False)
                 y += 1.0
         rows_h = 0.13 * n_ser + 0.1
@@ -123,7 +125,7 @@ def grouped_barh(rows, series, colors, *, xlabel, log=False, origin=0.0, refline
             ys = [p[0] for p in points]
             vals = [p[1] for p in points]
             ax.barh(ys, [v - origin for v in vals], left=origin, height=bar * 0.9, color=colors.get(label),
-                    label=label)
+                    label=clean_text(label))
             for yy, value in points:
                 right = value >= origin
                 ax.annotate(value_text(value), (value, yy), xytext=(3 if right else -3, 0),
@@ -151,7 +153,7 @@ def grouped_barh(rows, series, colors, *, xlabel, log=False, origin=0.0, refline
                 tick.set_color("#1f2328")
         ax.tick_params(axis="y", length=0)
         ax.set_ylim(y - 0.4, -0.6)
-        ax.set_xlabel(xlabel)
+        ax.set_xlabel(clean_text(xlabel))
         ax.grid(axis="x", which="major")
         ax.set_axisbelow(True)
         for side in ("top", "right", "left"):
@@ -163,9 +165,14 @@ def grouped_barh(rows, series, colors, *, xlabel, log=False, origin=0.0, refline
 
 
 def _collect(summary: Summary, value_of):
-    """environment -> suite -> leg -> (shape, implementation) -> values, where ``value_of`` gives one."""
+    """environment -> suite -> leg -> (shape, implementation) -> values, where ``value_of`` gives one.
+
+    Only cases that passed count: the figures of a failed, crashed or timed-out case are no
+    measurement of a working kernel."""
     out: dict = {}
     for run, record in summary.results.pairs():
+        if record.outcome != "passed":
+            continue
         value = value_of(record)
         if value is None or not math.isfinite(value):
             continue
@@ -207,8 +214,9 @@ def speedup_charts(summary: Summary) -> list[Chart]:
                 fig = grouped_barh(rows, series, colors, log=True, origin=1.0, refline=1.0,
                                    xlabel=f"speedup over {baseline}, log scale (right of 1 = faster)",
                                    value_text=lambda v: f"{fmt_sig(v)}\N{MULTIPLICATION SIGN}")
-                charts.append(Chart("speedup", suite, title, f"{baseline} ms / kernel ms; median of repeats",
-                                    figure_uri(fig), f"bar chart: {title}", env, baseline))
+                caption = f"{baseline} ms / kernel ms; median of repeats; {PASSED_ONLY}"
+                charts.append(Chart("speedup", suite, title, caption, figure_uri(fig), f"bar chart: {title}", env,
+                                    baseline))
     return sorted(charts, key=_chart_order)
 
 
@@ -225,12 +233,13 @@ def bandwidth_charts(summary: Summary) -> list[Chart]:
                 fig = grouped_barh(rows, series, colors, refline=100.0, reflabel="copy peak",
                                    xlabel="% of the device copy bandwidth measured in the same run",
                                    value_text=lambda v: f"{v:.0f}%")
-                caption = "fewest bytes the operation must move / time, against a device copy in the same run"
+                caption = ("fewest bytes the operation must move / time, against a device copy in the same run; "
+                           + PASSED_ONLY)
             else:
                 rows, series = _reduce(gbps[env][suite])
                 title = f"{suite}: achieved GB/s ({_env_text(env)})"
                 fig = grouped_barh(rows, series, colors, xlabel="GB/s")
-                caption = "no copy ceiling measured in this mode (no GPU): absolute GB/s"
+                caption = f"no copy ceiling measured in this mode (no GPU): absolute GB/s; {PASSED_ONLY}"
             charts.append(Chart("bandwidth", suite, title, caption, figure_uri(fig), f"bar chart: {title}", env))
     charts += read_floor_charts(summary, colors)
     return sorted(charts, key=_chart_order)
@@ -248,7 +257,7 @@ def read_floor_charts(summary: Summary, colors) -> list[Chart]:
             fig = grouped_barh(rows, series, colors, refline=100.0, reflabel="read floor",
                                xlabel="read floor ms / kernel ms, as %", value_text=lambda v: f"{v:.0f}%")
             caption = ("the time of one kernel that only reads the same bytes (harness.read_floor), timed as the "
-                       "kernel is, over the kernel's time")
+                       f"kernel is, over the kernel's time; {PASSED_ONLY}")
             charts.append(Chart("bandwidth", suite, title, caption, figure_uri(fig), f"bar chart: {title}", env,
                                 "read floor"))
     return charts
@@ -296,7 +305,7 @@ def error_chart(summary: Summary) -> Chart | None:
             ax.set_axisbelow(True)
             for side in ("top", "right"):
                 ax.spines[side].set_visible(False)
-        axes[0].set_yticks(range(len(suites)), labels=suites)
+        axes[0].set_yticks(range(len(suites)), labels=[clean_text(suite) for suite in suites])
         axes[0].set_ylim(len(suites) - 0.5, -0.5)
         fig.text(0.01, -0.02, "dot: one case (red: failed) \N{MIDDLE DOT} bar at left: exactly 0 "
                  "\N{MIDDLE DOT} triangle at right: NaN/inf", fontsize=6.5, color="#424a53")

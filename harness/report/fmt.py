@@ -5,7 +5,9 @@ from __future__ import annotations
 import math
 import re
 
-_CONTROL = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f\ufffe\uffff]")
+# Control characters (illegal in XML 1.0, noisy in HTML) and lone surrogates (a JSON string may
+# hold them, but no UTF-8 file can).
+_CONTROL = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f\ud800-\udfff\ufffe\uffff]")
 
 
 def to_float(value) -> float | None:
@@ -22,8 +24,16 @@ def to_float(value) -> float | None:
     return None
 
 
+def non_finite(number: float) -> str:
+    """The one spelling of a non-finite value in every table and summary: NaN, inf or -inf."""
+    if math.isnan(number):
+        return "NaN"
+    return "inf" if number > 0 else "-inf"
+
+
 def clean_text(text, limit: int | None = None) -> str:
-    """Printable text: control characters replaced (they are illegal in XML and noisy in HTML)."""
+    """Printable text: control characters and lone surrogates replaced, so that it can be
+    written as UTF-8 HTML, Markdown or XML."""
     text = _CONTROL.sub("\N{REPLACEMENT CHARACTER}", "" if text is None else str(text))
     if limit is not None and len(text) > limit:
         text = text[: limit - 1] + "\N{HORIZONTAL ELLIPSIS}"
@@ -44,8 +54,8 @@ def fmt_count(value) -> str:
     number = to_float(value)
     if number is None:
         return ""
-    if math.isnan(number) or math.isinf(number):
-        return str(number)
+    if not math.isfinite(number):
+        return non_finite(number)
     if abs(number) < 1e6:
         return f"{int(number):,}" if number == int(number) else f"{number:,.2f}"
     for suffix, scale in (("T", 1e12), ("G", 1e9), ("M", 1e6)):
@@ -58,10 +68,8 @@ def fmt_err(value) -> str:
     number = to_float(value)
     if number is None:
         return ""
-    if math.isnan(number):
-        return "NaN"
-    if math.isinf(number):
-        return "inf" if number > 0 else "-inf"
+    if not math.isfinite(number):
+        return non_finite(number)
     if number == 0:
         return "0"
     return f"{number:.2e}"
@@ -73,7 +81,7 @@ def fmt_sig(value, digits: int = 3) -> str:
     if number is None:
         return ""
     if not math.isfinite(number):
-        return str(number)
+        return non_finite(number)
     if number == 0:
         return "0"
     if abs(number) >= 10 ** digits:
@@ -86,23 +94,31 @@ def fmt_sig(value, digits: int = 3) -> str:
 
 def fmt_pct(value) -> str:
     number = to_float(value)
-    return "" if number is None else f"{number:.1f}%"
+    if number is None:
+        return ""
+    return f"{number:.1f}%" if math.isfinite(number) else non_finite(number)
 
 
 def fmt_x(value) -> str:
     number = to_float(value)
-    return "" if number is None else f"{fmt_sig(number)}\N{MULTIPLICATION SIGN}"
+    if number is None:
+        return ""
+    return f"{fmt_sig(number)}\N{MULTIPLICATION SIGN}" if math.isfinite(number) else non_finite(number)
 
 
 def fmt_signed_pct(value) -> str:
     number = to_float(value)
-    return "" if number is None else f"{number:+.1f}%"
+    if number is None:
+        return ""
+    return f"{number:+.1f}%" if math.isfinite(number) else non_finite(number)
 
 
 def fmt_duration(seconds) -> str:
     number = to_float(seconds)
     if number is None:
         return ""
+    if not math.isfinite(number):
+        return non_finite(number)
     if number == 0:
         return "0"
     if number < 1:

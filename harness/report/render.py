@@ -183,7 +183,7 @@ def render_html(summary: Summary, *, title: str = "kv harness report", links: di
                 charts: dict | None = None) -> str:
     """The whole page as a string. ``links``: name -> file name of files written beside it."""
     template = _environment().get_template("report.html.j2")
-    return template.render(
+    page = template.render(
         s=summary,
         title=title,
         generated=utc_now(),
@@ -195,12 +195,17 @@ def render_html(summary: Summary, *, title: str = "kv harness report", links: di
         problems=summary.results.all_problems(),
         links=links or {},
     )
+    return fmt.clean_text(page)  # whatever field reached the page unfiltered, it can be written as UTF-8
 
 
 def write_html(path: str | os.PathLike, html: str) -> Path:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(html, encoding="utf-8")
-    os.replace(tmp, path)
+    try:
+        tmp.write_text(html, encoding="utf-8")
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
     return path
