@@ -95,7 +95,8 @@ def affine_params(lo: torch.Tensor, hi: torch.Tensor, bits: int, scale_dtype: to
     floor = SCALE_FLOOR[scale_dtype]
     s = torch.where(s < floor, torch.full_like(s, floor), s)
     inv = torch.ones_like(s) / s  # tensor / tensor: IEEE division on every device
-    zero = torch.clamp(torch.round(-lo0.double() * inv.double()).float(), 0.0, qmax)  # exact product
+    # exact product; + 0.0 makes the zero of a group with lo >= 0 +0.0 (as the kernel's), not -0.0
+    zero = torch.clamp(torch.round(-lo0.double() * inv.double()).float(), 0.0, qmax) + 0.0
     return s, zero, inv
 
 
@@ -520,7 +521,11 @@ def quantize_into(qkv: QuantizedKV, k: torch.Tensor, v: torch.Tensor, token_offs
         return
     k_scale = qkv.k_scale[:, :, token_offset // g:(token_offset + t) // g]
     v_scale = qkv.v_scale[:, :, token_offset:token_offset + t]
+    qkv.generation += 1
     if backend == "triton":
+        for name in ("k_codes", "k_scale", "k_zero", "v_codes", "v_scale", "v_zero"):
+            if not getattr(qkv, name).is_contiguous():  # the kernel addresses them by their shapes
+                raise ValueError(f"qkv.{name} must be contiguous for backend='triton' (use backend='torch')")
         for x, codes, scale, zero, per_channel in (
             (k, qkv.k_codes, qkv.k_scale, qkv.k_zero, True),
             (v, qkv.v_codes, qkv.v_scale, qkv.v_zero, False),

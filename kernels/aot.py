@@ -75,7 +75,9 @@ def main(argv=None) -> int:
     parser.add_argument("--module", nargs="+", default=list(KERNEL_MODULES), help="kernel modules to compile")
     args = parser.parse_args(argv)
     if os.environ.get("TRITON_INTERPRET", "0") not in ("", "0"):
-        print("TRITON_INTERPRET must be 0 (or unset) to compile ahead of time", file=sys.stderr)
+        print("compiling ahead of time needs TRITON_INTERPRET=0 in the environment (on a machine without "
+              "a GPU, importing kernels sets it to 1 when it is unset): TRITON_INTERPRET=0 python -m kernels.aot",
+              file=sys.stderr)
         return 2
     os.environ["TRITON_INTERPRET"] = "0"
     import triton

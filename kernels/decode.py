@@ -75,7 +75,7 @@ from ._checks import (
     require_tensor,
     resolve_backend,
 )
-from ._runtime import on_device, sm_count, triton_interpreted
+from ._runtime import on_device, sm_count, tensor_version, triton_interpreted
 from .aot import AotSpec
 from .kv_cache import QuantizedKV
 from .paged import (
@@ -888,18 +888,20 @@ _PER_VERSION: dict[tuple, tuple] = {}
 def _per_version(t: torch.Tensor, fn):
     """fn(t), computed once per tensor object, version and fn for a GPU tensor (host values
     without a sync on reuse; a write that bypasses torch's version counter, through ``.data``,
-    DLPack or another kernel, is not seen), every time for a CPU tensor."""
-    if t.device.type == "cpu":
+    DLPack or another kernel, is not seen), every time for a CPU tensor or one made under
+    ``torch.inference_mode`` (no version counter)."""
+    version = tensor_version(t)
+    if t.device.type == "cpu" or version is None:
         return fn(t)
     key = (id(t), fn)
     hit = _PER_VERSION.get(key)
-    if hit is not None and hit[0]() is t and hit[1] == t._version:
+    if hit is not None and hit[0]() is t and hit[1] == version:
         return hit[2]
     if len(_PER_VERSION) > 256:
         for stale in [k for k, v in _PER_VERSION.items() if v[0]() is None]:
             del _PER_VERSION[stale]
     value = fn(t)
-    _PER_VERSION[key] = (weakref.ref(t), t._version, value)
+    _PER_VERSION[key] = (weakref.ref(t), version, value)
     return value
 
 
@@ -953,7 +955,7 @@ def _check_extent(cache, held: list[int]) -> None:
             i, j = (int(x) for x in bad[0])
             raise ValueError(f"cache.block_table[{i}, {j}] = {int(entries[i, j])} is not a page of the pool "
                              f"(0 to {cache.num_pages - 1}); sequence {i} reaches its page {j}")
-        _TABLES_CHECKED[id(table)] = (weakref.ref(table), table._version, tuple(held), cache.num_pages)
+        _TABLES_CHECKED[id(table)] = (weakref.ref(table), tensor_version(table), tuple(held), cache.num_pages)
 
 
 _TABLES_CHECKED: dict[int, tuple] = {}
@@ -964,8 +966,9 @@ def _checked_before(table: torch.Tensor, held: list[int], pool: int) -> bool:
     hit = _TABLES_CHECKED.get(id(table))
     if len(_TABLES_CHECKED) > 256:
         _TABLES_CHECKED.clear()
-    return (table.device.type != "cpu" and hit is not None and hit[0]() is table
-            and hit[1:] == (table._version, tuple(held), pool))
+    version = tensor_version(table)
+    return (table.device.type != "cpu" and version is not None and hit is not None and hit[0]() is table
+            and hit[1:] == (version, tuple(held), pool))
 
 
 FP16_MAX = 65504.0

@@ -24,7 +24,7 @@ Dequantization: ``x_hat = (code - zero) * scale``.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -67,6 +67,9 @@ class QuantizedKV(CacheLengths):
     k_residual: torch.Tensor
     v_residual: torch.Tensor
     seq_lens: torch.Tensor
+    # bumped by the cache's own writes (append, reserve, quantize_into): what tells a decode
+    # arrangement built from tensors with no version counter (torch.inference_mode) to rebuild
+    generation: int = field(default=0, repr=False, compare=False)
 
     @property
     def batch(self) -> int:
@@ -104,13 +107,17 @@ class QuantizedKV(CacheLengths):
         ``capacity`` must be a multiple of ``group_size``; ``head_dim`` a multiple of
         ``group_size``. Codes, scales and zeros start at zero; the residual window too.
         """
-        from .affine import _check_config, _check_head_dim
+        from .affine import INPUT_DTYPES, _check_config, _check_head_dim
 
         _check_config(bits, group_size, scale_dtype)
         _check_head_dim(head_dim, group_size)
         for name, value in (("batch", batch), ("heads", heads), ("capacity", capacity)):
             if isinstance(value, bool) or not isinstance(value, int) or value < 0:
                 raise ValueError(f"{name} must be a non-negative int; got {value!r}")
+        if head_dim <= 0:
+            raise ValueError(f"head_dim must be positive; got {head_dim}")
+        if dtype not in INPUT_DTYPES:
+            raise TypeError(f"dtype must be one of {INPUT_DTYPES} (the dtype of the K/V appended); got {dtype!r}")
         if capacity % group_size:
             raise ValueError(f"capacity must be a multiple of group_size={group_size}; got {capacity}")
         row = head_dim * bits // 8
@@ -132,10 +139,13 @@ class QuantizedKV(CacheLengths):
     def reserve(self, capacity: int) -> None:
         """Grow the token capacity of the codes to at least ``capacity`` (rounded up to whole
         groups), keeping every stored value; never shrinks."""
+        if isinstance(capacity, bool) or not isinstance(capacity, int) or capacity < 0:
+            raise ValueError(f"capacity must be a non-negative int; got {capacity!r}")
         g = self.group_size
         capacity = -(-capacity // g) * g
         if capacity <= self.capacity:
             return
+        self.generation += 1
         for name, per_token in (
             ("k_codes", 1), ("v_codes", 1), ("v_scale", 1), ("v_zero", 1), ("k_scale", g), ("k_zero", g),
         ):
@@ -152,10 +162,13 @@ class QuantizedKV(CacheLengths):
 
         Tokens go into the residual window; each time it completes a group of G tokens
         the group is quantized (K per channel, V per token) and packed into the codes,
-        growing the capacity when needed. Appending token by token gives exactly the
-        cache that :func:`kernels.quantize_kv` gives for all tokens at once. Inputs
-        must match the cache's dtype, heads and head_dim. On error (NaN/Inf, bad
-        shape) the cache is left as it was (``seq_lens`` and the residual unchanged).
+        growing the capacity when needed (at least doubling it, so that appends copy each
+        token a bounded number of times). Appending token by token stores exactly the codes,
+        scales, zeros and residual tokens that :func:`kernels.quantize_kv` stores for all
+        tokens at once (the capacity beyond them may differ). Inputs must match the cache's
+        dtype, heads and head_dim; the cache keeps their values, not their autograd graph.
+        On error (NaN/Inf, bad shape) the cache is left as it was (``seq_lens`` and the
+        residual unchanged).
         """
         from ._checks import require_finite, require_same_device, resolve_backend
         from .affine import _check_kv, quantize_into
@@ -174,8 +187,9 @@ class QuantizedKV(CacheLengths):
         require_same_device(k=k, cache=self.k_codes)
         backend = resolve_backend(backend, k.device, ("torch", "triton"))
         seq = self.seq_lens.tolist()
-        if t == 0:
+        if t == 0 or b == 0:
             return
+        k, v = k.detach(), v.detach()  # the cache keeps values, never an autograd graph
         rows = [slice(None)] if len(set(seq)) == 1 else [slice(i, i + 1) for i in range(b)]
         g = self.group_size
         plans = []
@@ -188,9 +202,13 @@ class QuantizedKV(CacheLengths):
             require_finite("k", k_all[:, :, full:])
             require_finite("v", v_all[:, :, full:])
             plans.append((sel, q_len, k_all, v_all, full))
-        self.reserve(max(q_len + full for _, q_len, _, _, full in plans))
+        need = max(q_len + full for _, q_len, _, _, full in plans)
+        if need > self.capacity:  # grown geometrically: appends cost amortized O(1) copies per token
+            self.reserve(max(need, 2 * self.capacity))
         for sel, q_len, k_all, v_all, full in plans:
             quantize_into(self._rows(sel), k_all[:, :, :full], v_all[:, :, :full], q_len, backend)
+        if any(full for *_, full in plans):  # codes written (the residual window alone is no change)
+            self.generation += 1
         for sel, _, k_all, v_all, full in plans:
             rest = k_all.shape[2] - full
             self.k_residual[sel, :, :rest] = k_all[:, :, full:]

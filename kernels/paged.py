@@ -71,7 +71,8 @@ from dataclasses import dataclass
 
 import torch
 
-from ._checks import require_int, require_tensor
+from ._checks import require_choice, require_dtype, require_int, require_rank, require_tensor
+from ._runtime import tensor_version
 from .kv_cache import CacheLengths, QuantizedKV
 from .packing import pack_bits, unpack_bits
 
@@ -340,10 +341,28 @@ def _by_tiles(fn, x: torch.Tensor, rows: int, out_row: tuple, dtype: torch.dtype
     return out.reshape(*lead, n // rows, *out_row)
 
 
+def _check_conversion(name: str, x, dtype: torch.dtype, bits, role, d: int, tile, warps) -> None:
+    """The arguments of a conversion between canonical codes and decode-arranged words."""
+    require_tensor(name, x)
+    require_dtype(name, x, (dtype,))
+    require_rank(name, x, tuple(range(2, 9)))
+    require_int("bits", bits, DECODE_BITS)
+    require_choice("role", role, ("k", "v"))
+    require_int("tile", tile)
+    require_int("warps", warps)
+    check_arrangement(d, tile, warps)
+
+
 def words_from_codes(codes: torch.Tensor, bits: int, role: str, tile: int = DEFAULT_TILE,
                      warps: int = DEFAULT_WARPS) -> torch.Tensor:
     """Canonical codes uint8 [..., T, D*b/8] (T a multiple of tile) -> int32 [..., T/tile, W]."""
-    d = codes.shape[-1] * 8 // bits
+    require_tensor("codes", codes)
+    require_int("bits", bits, DECODE_BITS)
+    d = codes.shape[-1] * 8 // bits if codes.dim() else 0
+    _check_conversion("codes", codes, torch.uint8, bits, role, d, tile, warps)
+    if codes.shape[-1] * 8 != d * bits or codes.shape[-2] % tile:
+        raise ValueError(f"codes must be [..., T, D*{bits}/8] with T a multiple of tile={tile}; "
+                         f"got {tuple(codes.shape)}")
 
     def convert(chunk: torch.Tensor) -> torch.Tensor:  # [n, tile, D*b/8] -> [n, W]
         values = unpack_bits(chunk.contiguous(), bits, layout="byte", backend="torch")
@@ -355,6 +374,10 @@ def words_from_codes(codes: torch.Tensor, bits: int, role: str, tile: int = DEFA
 def codes_from_words(words: torch.Tensor, bits: int, role: str, d: int, tile: int = DEFAULT_TILE,
                      warps: int = DEFAULT_WARPS) -> torch.Tensor:
     """The inverse of :func:`words_from_codes`: int32 [..., T/tile, W] -> uint8 [..., T, D*b/8]."""
+    _check_conversion("words", words, torch.int32, bits, role, d, tile, warps)
+    if words.shape[-1] != tile * d * bits // 32:
+        raise ValueError(f"words must be [..., T/tile, {tile * d * bits // 32}] for a {tile}-token tile of "
+                         f"head_dim {d} at {bits} bits; got {tuple(words.shape)}")
 
     def convert(chunk: torch.Tensor) -> torch.Tensor:  # [n, 1, W] -> [n, tile, D*b/8]
         values = _untile(unpack_tile(chunk, bits, role, d, tile, warps), role)
@@ -433,6 +456,12 @@ def _require_cache(cache) -> None:
                          f"got {cache.head_dim}")
 
 
+def _layout_or_default(cache: QuantizedKV, tile: int | None, warps: int | None) -> tuple[int, int]:
+    """(tile, warps) as given, each one left out taken from default_layout."""
+    default_tile, default_warps = default_layout(cache.head_dim, cache.group_size)
+    return (default_tile if tile is None else tile), (default_warps if warps is None else warps)
+
+
 def _pad_rows(x: torch.Tensor, rows: int) -> torch.Tensor:
     extra = rows - x.shape[2]
     return torch.nn.functional.pad(x, (0, 0) * (x.dim() - 3) + (0, extra)) if extra else x
@@ -458,8 +487,7 @@ def paged_from_contiguous(
     :func:`default_layout`).
     """
     _require_cache(cache)
-    if tile is None or warps is None:
-        tile, warps = default_layout(cache.head_dim, cache.group_size)
+    tile, warps = _layout_or_default(cache, tile, warps)
     require_int("tile", tile)
     require_int("warps", warps)
     check_arrangement(cache.head_dim, tile, warps)
@@ -546,8 +574,11 @@ _VIEWS: dict[tuple, tuple] = {}
 
 
 def _fingerprint(cache: QuantizedKV) -> tuple:
-    return tuple(
-        (id(t), t.data_ptr(), t._version, tuple(t.shape))
+    """What the decode arrangement is built from: each code and scale tensor (identity, storage,
+    version, shape) and the cache's own write count, which alone sees writes to tensors without a
+    version counter (made under torch.inference_mode)."""
+    return cache.generation, tuple(
+        (id(t), t.data_ptr(), tensor_version(t), tuple(t.shape))
         for t in (cache.k_codes, cache.v_codes, cache.k_scale, cache.k_zero, cache.v_scale, cache.v_zero)
     )
 
@@ -558,14 +589,15 @@ def decode_view(cache: QuantizedKV, *, tile: int | None = None, warps: int | Non
     ``tile``/``warps`` default to :func:`default_layout` for the cache's head_dim and group.
     The view holds its own arranged codes; when the capacity is a multiple of the tile
     it shares the cache's scales and zeros (no copy). Its residual window and seq_lens
-    are the cache's own tensors. It is cached per (cache object, tile, warps) and
-    rebuilt only when the codes or scales change (an append that completes a group, a
-    capacity change); appends into the residual window reuse it.
+    are the cache's own tensors, whichever they are at the call. It is cached per (cache
+    object, tile, warps) and rebuilt only when the codes or scales change (an append that
+    completes a group, a capacity change), as the tensors' version counters tell or, for
+    tensors made under ``torch.inference_mode`` (which keep none), the cache's own count of
+    its writes (``generation``); appends into the residual window reuse it.
     """
     _require_cache(cache)
     require_tensor("cache.k_codes", cache.k_codes)
-    if tile is None or warps is None:
-        tile, warps = default_layout(cache.head_dim, cache.group_size)
+    tile, warps = _layout_or_default(cache, tile, warps)
     check_arrangement(cache.head_dim, tile, warps)
     if tile > cache.group_size:
         raise ValueError(f"tile ({tile}) must not exceed the group size ({cache.group_size})")
@@ -573,7 +605,9 @@ def decode_view(cache: QuantizedKV, *, tile: int | None = None, warps: int | Non
     fp = _fingerprint(cache)
     hit = _VIEWS.get(key)
     if hit is not None and hit[0]() is cache and hit[1] == fp:
-        return hit[2]
+        view = hit[2]  # the residual window and lengths are the cache's own, whatever they are now
+        view.k_residual, view.v_residual, view.seq_lens = cache.k_residual, cache.v_residual, cache.seq_lens
+        return view
     b, cap = cache.batch, cache.capacity
     if cap % tile or cap % cache.group_size or cap == 0:
         page = max(-(-cap // tile) * tile, tile, cache.group_size)

@@ -134,6 +134,15 @@ def _empty_capacity_not_multiple(device, backend):
     return QuantizedKV.empty(1, 1, 64, group_size=64, capacity=65, device=device)
 
 
+def _append_to_strided_cache(device, backend):
+    """A batch of two whose tensors are views of two of four heads: the Triton path refuses it."""
+    whole = QuantizedKV.empty(2, 4, 64, capacity=64, device=device)
+    fields = ("k_codes", "k_scale", "k_zero", "v_codes", "v_scale", "v_zero", "k_residual", "v_residual")
+    half = QuantizedKV(3, 64, *(getattr(whole, f)[:, :2] for f in fields), whole.seq_lens)
+    k, v = _kv(shape=(2, 2, 64, 64), device=device)
+    half.append(k, v, backend="triton")
+
+
 CASES = {
     "nan-in-k-group": (_nan_in_group, ValueError, "k contains NaN or Inf"),
     "inf-in-v-group": (_inf_in_v, ValueError, "v contains NaN or Inf"),
@@ -167,6 +176,15 @@ CASES = {
     "dequantize-dtype-string": (lambda device, backend: kernels.dequantize_kv(
         kernels.quantize_kv(*_kv(device=device), backend=backend), dtype="float16"), TypeError, "dtype must be"),
     "empty-capacity-not-multiple": (_empty_capacity_not_multiple, ValueError, "capacity must be a multiple"),
+    "empty-float64": (lambda device, backend: QuantizedKV.empty(1, 2, 64, dtype=torch.float64, device=device),
+                      TypeError, "dtype must be one of"),
+    "empty-no-head-dim": (lambda device, backend: QuantizedKV.empty(1, 2, 0, device=device), ValueError,
+                          "head_dim must be positive"),
+    "reserve-a-bool": (lambda device, backend: QuantizedKV.empty(1, 2, 64, device=device).reserve(True),
+                       ValueError, "capacity must be a non-negative int"),
+    "reserve-a-float": (lambda device, backend: QuantizedKV.empty(1, 2, 64, device=device).reserve(40.5),
+                        ValueError, "capacity must be a non-negative int"),
+    "append-to-strided-cache-triton": (_append_to_strided_cache, ValueError, "qkv.k_codes must be contiguous"),
 }
 
 

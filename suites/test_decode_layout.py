@@ -300,6 +300,52 @@ def test_view_is_cached_and_follows_appends(record):
     _record(record, states_checked=3, bit_errors=0)
 
 
+def test_view_follows_the_cache_under_inference_mode(record):
+    """Tensors made under torch.inference_mode keep no version counter: the view is rebuilt by
+    the cache's own write count (an append that completes a group), kept otherwise, and decodes
+    as the reference does."""
+    k, v = random_kv(1, 2, 140, 64, seed=211)
+    q = torch.randn(1, 2, 64, generator=torch.Generator().manual_seed(212)).half()
+    with torch.inference_mode():
+        cache = kernels.quantize_kv(k[:, :, :100], v[:, :, :100], 3, backend="torch", capacity=128)
+        first = paged.decode_view(cache)
+        cache.append(k[:, :, 100], v[:, :, 100], backend="torch")  # residual window only
+        assert paged.decode_view(cache) is first
+        cache.append(k[:, :, 101:140], v[:, :, 101:140], backend="torch")  # completes group 1
+        assert paged.decode_view(cache) is not first
+        out = kernels.decode_attention(q, cache, backend="triton")
+        err = float((out.double() - kernels.decode.reference_decode(q, cache)).abs().max())
+    assert err <= 2e-3
+    _record(record, states_checked=out.numel(), max_abs_err=err)
+
+
+def test_view_takes_the_caches_residual_window_as_it_is_now(record):
+    """A cached view decodes with the residual tensors the cache holds now, also when they were
+    replaced by new tensors after the view was built."""
+    k, v = random_kv(1, 1, 100, 64, seed=213)
+    cache = kernels.quantize_kv(k, v, 3, backend="torch")
+    paged.decode_view(cache)
+    cache.k_residual = torch.randn_like(cache.k_residual)
+    cache.v_residual = torch.randn_like(cache.v_residual)
+    q = torch.randn(1, 1, 64, generator=torch.Generator().manual_seed(214)).half()
+    out = kernels.decode_attention(q, cache, backend="triton")
+    err = float((out.double() - kernels.decode.reference_decode(q, cache)).abs().max())
+    assert err <= 2e-3
+    _record(record, states_checked=out.numel(), max_abs_err=err)
+
+
+def test_a_layout_given_in_part_keeps_what_was_given(record):
+    """tile or warps alone: the one given is kept, the other is the default's."""
+    k, v = random_kv(1, 1, 128, 128, seed=215)
+    cache = kernels.quantize_kv(k, v, 3, backend="torch")
+    default_tile, _ = paged.default_layout(128, 64)
+    view = paged.decode_view(cache, warps=2)
+    assert (view.tile, view.warps) == (default_tile, 2)
+    pool = paged.paged_from_contiguous(cache, 64, tile=32)
+    assert pool.tile == 32
+    _record(record, states_checked=2, bit_errors=0)
+
+
 def test_read_bytes(record):
     """The bytes a decode step must read: codes, scales and zeros of quantized tokens, residual rows."""
     k, v = random_kv(2, 4, 200, 128, seed=220)

@@ -128,3 +128,36 @@ def test_bytes_per_token_and_compression(record, bits, g, sdt):
     assert qkv.nbytes() > stored
     record.backend, record.variant, record.device = "torch", f"b{bits}-g{g}-{str(sdt)[6:]}", "cpu"
     record.add(bytes_per_token=qkv.bytes_per_token(), compression_vs_fp16=ratio, head_dim=d, heads=h)
+
+
+def test_token_by_token_appends_grow_the_capacity_geometrically(record):
+    """Appending 1,024 tokens one at a time reallocates the codes a logarithmic number of times
+    (never one group at a time), and never holds more than twice the capacity it needs."""
+    g, n = 32, 1024
+    k, v = random_kv((1, 1, n, 32), torch.float16, "cpu", seed=5)
+    qkv = QuantizedKV.empty(1, 1, 32, bits=3, group_size=g)
+    storages = set()
+    for t in range(n):
+        qkv.append(k[:, :, t], v[:, :, t], backend="torch")
+        storages.add(qkv.k_codes.data_ptr())
+        assert qkv.capacity <= max(2 * (t + 1), g)
+    assert len(storages) <= 8, len(storages)
+    assert not cache_mismatches(quantize(k, v, 3, g, "torch"), qkv)
+    record.backend, record.device = "torch", "cpu"
+    record.add(states_checked=elements(qkv), reallocations=len(storages))
+
+
+def test_appended_values_keep_no_autograd_graph(record):
+    k, v = random_kv((1, 2, 40, 64), torch.float32, "cpu", seed=6)
+    k.requires_grad_(True)
+    qkv = QuantizedKV.empty(1, 2, 64, bits=3, group_size=32, dtype=torch.float32)
+    qkv.append(k, v, backend="torch")
+    assert not qkv.k_residual.requires_grad and qkv.k_residual.grad_fn is None
+    record.add(states_checked=1)
+
+
+def test_an_empty_batch_appends_nothing(record):
+    qkv = QuantizedKV.empty(0, 2, 64, bits=3, group_size=32)
+    qkv.append(torch.zeros(0, 2, 64, dtype=torch.float16), torch.zeros(0, 2, 64, dtype=torch.float16))
+    assert qkv.seq_lens.numel() == 0 and qkv.capacity == 0
+    record.add(states_checked=1)
