@@ -1186,14 +1186,15 @@ def decode_attention(
     out: optional [B, Hq, D] output buffer. Returns [B, Hq, D] in q's dtype.
 
     The Triton path carries q * sm_scale * K scale and each softmax weight * V scale as fp16
-    tensor-core operands: a cache with fp32 scales beyond fp16's range is refused, and V
-    scales below about 2^-8 for 3 bits (2^-14 for 2 and 4 bits; a 3-bit group spanning less
-    than about 0.03) put even the largest weights among fp16's subnormals, which carry fewer
-    bits (3 bits: about 1.5% of the largest output at V scales of 2^-10, 0.1% at 2^-6.5). For a CUDA cache the checks of
-    its lengths, block table and scales, and the decode arrangement of a contiguous cache's
-    codes (:func:`kernels.paged.decode_view`), are computed once per version of those
-    tensors: write them with torch operations (which count versions), not through ``.data``,
-    DLPack or a kernel of your own, or pass a new tensor.
+    tensor-core operands. Where q * sm_scale * log2(e) * K scale exceeds 65504 (logits of order
+    10^5 and more) its output is not finite; a cache with fp32 scales beyond fp16's range is
+    refused; V scales below about 2^-8 for 3 bits (2^-14 for 2 and 4 bits; a 3-bit group
+    spanning less than about 0.03) put even the largest weights among fp16's subnormals, which
+    carry fewer bits (3 bits: about 1.5% of the largest output at V scales of 2^-10, 0.1% at
+    2^-6.5). For a CUDA cache the checks of its lengths, block table and scales, and the decode
+    arrangement of a contiguous cache's codes (:func:`kernels.paged.decode_view`), are computed
+    once per version of those tensors: write them with torch operations (which count
+    versions), not through ``.data``, DLPack or a kernel of your own, or pass a new tensor.
     """
     lens_t, lens, held = _check_inputs(q, cache, seq_lens, sm_scale, num_splits, out)
     backend = resolve_backend(backend, q.device, BACKENDS)
