@@ -14,9 +14,10 @@ from pathlib import Path
 
 
 def _run(cmd: list[str], cwd: str | None = None) -> str | None:
+    """The stripped stdout of ``cmd`` (bytes that are not UTF-8 replaced); None when it fails."""
     try:
-        out = subprocess.run(cmd, cwd=cwd, capture_output=True, text=True, timeout=10)
-    except (OSError, subprocess.SubprocessError):
+        out = subprocess.run(cmd, cwd=cwd, capture_output=True, text=True, errors="replace", timeout=10)
+    except (OSError, ValueError, subprocess.SubprocessError):
         return None
     return out.stdout.strip() if out.returncode == 0 else None
 
@@ -96,6 +97,16 @@ def capture(leg: str | None = None) -> dict:
     }
 
 
+def capture_or_fallback(leg: str | None = None) -> dict:
+    """:func:`capture`, or, should it fail, the leg and the reason (the manifest must still be
+    written)."""
+    try:
+        return capture(leg)
+    except Exception as exc:  # noqa: BLE001 - any failure of the capture is reported, not raised
+        return {"leg": leg or os.environ.get("KVH_LEG") or "unknown", "mode": None,
+                "capture_error": f"{type(exc).__name__}: {exc}"}
+
+
 def _version_of(module: str) -> str | None:
     try:
         return __import__(module).__version__
@@ -150,11 +161,7 @@ class BackgroundCapture:
                 if self._proc is not None and self._proc.poll() is None:
                     self._proc.kill()
                     self._proc.wait()
-                try:
-                    self._result = {**capture(self.leg), "capture_problem": problem}
-                except Exception as exc:  # noqa: BLE001 - the manifest must still be written
-                    self._result = {"leg": self.leg, "mode": None, "capture_problem": problem,
-                                    "capture_error": f"{type(exc).__name__}: {exc}"}
+                self._result = {**capture_or_fallback(self.leg), "capture_problem": problem}
         return self._result
 
 

@@ -47,8 +47,8 @@ from .records import (
     read_records,
     utc_now,
 )
-from .streamed_run import StreamedRun
-from .subproc import run_killable
+from .streamed_run import StreamedRun, positive_float, positive_int
+from .subproc import ChildGroups, run_killable
 
 ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_TIMEOUT_S = 600
@@ -646,11 +646,13 @@ def child_env(copy: Path, environ=os.environ) -> dict:
     return env
 
 
-def run_selection(copy: Path, select: Sequence[str], k: str | None, timeout_s: float, scratch: Path) -> RunOutput:
-    """Run pytest on ``select`` in ``copy``; its records go to a fresh ``scratch`` directory."""
+def run_selection(copy: Path, select: Sequence[str], k: str | None, timeout_s: float, scratch: Path,
+                  groups: ChildGroups | None = None) -> RunOutput:
+    """Run pytest on ``select`` in ``copy``; its records go to a fresh ``scratch`` directory.
+    ``groups`` registers the pytest process so that an interrupt can kill it from another thread."""
     shutil.rmtree(scratch, ignore_errors=True)
     rc, out, seconds = run_killable(pytest_argv(select, k, scratch), env=child_env(copy), cwd=copy,
-                                    timeout_s=timeout_s)
+                                    timeout_s=timeout_s, groups=groups)
     records = read_records(scratch / RECORDS_FILE).records if (scratch / RECORDS_FILE).exists() else []
     return RunOutput(rc, seconds, records, out[-3000:])
 
@@ -698,9 +700,11 @@ def judge(mutant: Mutant, run: RunOutput) -> Result:
 
 
 class Workspace:
-    """Copies of the project, one per worker, lent out one at a time."""
+    """Copies of the project, one per worker, lent out one at a time; every pytest run in them
+    is registered in :attr:`children`."""
 
     def __init__(self, jobs: int, root: Path = ROOT) -> None:
+        self.children = ChildGroups()
         self.base = Path(tempfile.mkdtemp(prefix="kvh-mutants-"))
         files = project_files(root)
         self.pool: queue.Queue[Path] = queue.Queue()
@@ -715,7 +719,7 @@ class Workspace:
         try:
             if mutant:
                 source.write_text(apply(mutant, original), encoding="utf-8")
-            return run_selection(copy, select, k, timeout_s, copy / ".mutant-run"), None
+            return run_selection(copy, select, k, timeout_s, copy / ".mutant-run", self.children), None
         except CatalogueError as exc:
             return None, str(exc)
         finally:
@@ -735,12 +739,41 @@ def gpu_available() -> bool:
     return torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET", "0") in ("", "0")
 
 
+def _unrunnable(mutant: Mutant, gpu: bool, root: Path) -> Result | None:
+    """The result of a mutant that is not run here (a catalogue error, or code this device does
+    not execute); None for one that runs."""
+    problem = next(iter(catalogue_problems([mutant], root)), None)
+    if problem:
+        return Result(mutant, "error", None, 0.0, problem)
+    if mutant.gpu_only and not gpu:
+        return Result(mutant, "skipped", None, 0.0, "needs a GPU (CUDA source or compiled-Triton branch)")
+    if mutant.interpreter_only and gpu:
+        return Result(mutant, "skipped", None, 0.0, "a branch only the Triton interpreter takes")
+    return None
+
+
+def _unclean_selections(runnable: Sequence[Mutant], workspace: Workspace, pool: ThreadPoolExecutor,
+                        timeout_s: float, progress) -> dict[tuple, str]:
+    """Each distinct selection run once on the unmutated sources: why each that cannot judge
+    its mutants cannot."""
+    unclean: dict[tuple, str] = {}
+    selections = list(dict.fromkeys(m.selection for m in runnable))
+    runs = pool.map(lambda s: workspace.run(*s, timeout_s), selections)
+    for selection, (run, _) in zip(selections, runs, strict=True):
+        problem = clean_problem(run)
+        if problem:
+            unclean[selection] = problem
+            progress(f"  clean check FAILED {' '.join(selection[0])} -k {selection[1]}: {problem}")
+    return unclean
+
+
 def run_mutants(mutants: Sequence[Mutant], *, jobs: int = 1, timeout_s: float = DEFAULT_TIMEOUT_S,
                 gpu: bool | None = None, check_clean: bool = True, root: Path = ROOT,
                 progress=print, on_result=None) -> list[Result]:
     """Run each mutant against its selection in copies of ``root``; results in catalogue order.
     ``on_result(result)`` is called as each result is known (from worker threads), so that a
-    run cut short keeps what it finished."""
+    run cut short keeps what it finished. An interrupt (or any exception) in the calling
+    thread kills the pytest runs of every worker and reaches the caller once they are gone."""
     def known(result: Result) -> Result:
         if on_result is not None:
             on_result(result)
@@ -750,43 +783,35 @@ def run_mutants(mutants: Sequence[Mutant], *, jobs: int = 1, timeout_s: float = 
     results: dict[str, Result] = {}
     runnable = []
     for mutant in mutants:
-        problem = next(iter(catalogue_problems([mutant], root)), None)
-        if problem:
-            results[mutant.name] = known(Result(mutant, "error", None, 0.0, problem))
-        elif mutant.gpu_only and not gpu:
-            results[mutant.name] = known(Result(mutant, "skipped", None, 0.0,
-                                                "needs a GPU (CUDA source or compiled-Triton branch)"))
-        elif mutant.interpreter_only and gpu:
-            results[mutant.name] = known(Result(mutant, "skipped", None, 0.0,
-                                                "a branch only the Triton interpreter takes"))
-        else:
+        result = _unrunnable(mutant, gpu, root)
+        if result is None:
             runnable.append(mutant)
-    if runnable:
-        workspace = Workspace(max(1, min(jobs, len(runnable))), root)
+        else:
+            results[mutant.name] = known(result)
+    if not runnable:
+        return [results[m.name] for m in mutants]
+    workspace = Workspace(max(1, min(jobs, len(runnable))), root)
+    pool = ThreadPoolExecutor(max_workers=max(1, jobs))
+    try:
+        unclean = _unclean_selections(runnable, workspace, pool, timeout_s, progress) if check_clean else {}
+
+        def one(mutant: Mutant) -> Result:
+            if mutant.selection in unclean:
+                return known(Result(mutant, "error", None, 0.0, unclean[mutant.selection]))
+            run, problem = workspace.run(*mutant.selection, timeout_s, mutant)
+            result = Result(mutant, "error", None, 0.0, problem) if problem else judge(mutant, run)
+            progress(f"  {result.status:<8} {mutant.name} ({result.seconds:.1f} s)"
+                     + (f" by {result.killed_by}" if result.killed_by else f": {result.detail}"))
+            return known(result)
+
+        for result in pool.map(one, runnable):
+            results[result.mutant.name] = result
+    except BaseException:
+        workspace.children.kill_all()  # the workers' pytest runs are in sessions of their own
+        raise
+    finally:
         try:
-            with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
-                unclean: dict[tuple, str] = {}
-                if check_clean:
-                    selections = list(dict.fromkeys(m.selection for m in runnable))
-                    for selection, (run, _) in zip(
-                        selections, pool.map(lambda s: workspace.run(*s, timeout_s), selections), strict=True
-                    ):
-                        problem = clean_problem(run)
-                        if problem:
-                            unclean[selection] = problem
-                            progress(f"  clean check FAILED {' '.join(selection[0])} -k {selection[1]}: {problem}")
-
-                def one(mutant: Mutant) -> Result:
-                    if mutant.selection in unclean:
-                        return known(Result(mutant, "error", None, 0.0, unclean[mutant.selection]))
-                    run, problem = workspace.run(*mutant.selection, timeout_s, mutant)
-                    result = Result(mutant, "error", None, 0.0, problem) if problem else judge(mutant, run)
-                    progress(f"  {result.status:<8} {mutant.name} ({result.seconds:.1f} s)"
-                             + (f" by {result.killed_by}" if result.killed_by else f": {result.detail}"))
-                    return known(result)
-
-                for result in pool.map(one, runnable):
-                    results[result.mutant.name] = result
+            pool.shutdown(wait=True, cancel_futures=True)  # prompt: their children are dead, no new one starts
         finally:
             workspace.close()
     return [results[m.name] for m in mutants]
@@ -877,8 +902,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--ci", action="store_true", help="the CI-sized subset (a few minutes on 2 CPU cores)")
     parser.add_argument("--results-dir", metavar="DIR",
                         help="run directory for the records (default reports/runs/mutants-<UTC time>)")
-    parser.add_argument("--jobs", type=int, default=1, metavar="N", help="mutants run in parallel (default 1)")
-    parser.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT_S, metavar="S",
+    parser.add_argument("--jobs", type=positive_int, default=1, metavar="N", help="mutants run in parallel (default 1)")
+    parser.add_argument("--timeout", type=positive_float, default=DEFAULT_TIMEOUT_S, metavar="S",
                         help="seconds one mutant's pytest run may take (default %(default)s)")
     parser.add_argument("--no-clean-check", action="store_true",
                         help="skip the run of each selection on the unmutated sources")
@@ -913,7 +938,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     where = "compiled on the GPU" if gpu else "in the Triton interpreter on CPU (gpu-only mutants skipped)"
     print(f"[mutants] {len(mutants)} mutants, {args.jobs} job(s), {where}", flush=True)
     start = time.perf_counter()
-    run = open_run(run_dir, leg=args.leg, args=sys.argv[1:] if argv is None else list(argv), started=started)
+    try:
+        run = open_run(run_dir, leg=args.leg, args=sys.argv[1:] if argv is None else list(argv), started=started)
+    except OSError as exc:
+        print(f"[mutants] cannot write the run directory {run_dir}: {exc}", file=sys.stderr, flush=True)
+        return 2
     results = run_mutants(mutants, jobs=args.jobs, timeout_s=args.timeout, gpu=gpu,
                           check_clean=not args.no_clean_check, progress=lambda s: print(s, flush=True),
                           on_result=lambda r: run.add(result_record(r, gpu)))

@@ -33,11 +33,12 @@ import threading
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 
 from .records import Record, utc_now
-from .streamed_run import StreamedRun
-from .subproc import env_with_repo, run_killable
+from .streamed_run import StreamedRun, positive_float, positive_int
+from .subproc import ChildGroups, env_with_repo, run_killable
 
 ROOT = Path(__file__).resolve().parent.parent
 TOOLS = ("memcheck", "racecheck", "initcheck")
@@ -286,23 +287,32 @@ def judge(tool: str, kernel: str, rc: int | None, output: str, seconds: float) -
 Runner = Callable[[list[str], dict, float], tuple[int | None, str, float]]
 
 
-def run_command(cmd: list[str], env: dict, timeout_s: float) -> tuple[int | None, str, float]:
-    """(exit code or None at the timeout, stdout+stderr, seconds); the process group is killed at the timeout."""
-    return run_killable(cmd, env=env, cwd=ROOT, timeout_s=timeout_s)
+def run_command(cmd: list[str], env: dict, timeout_s: float,
+                groups: ChildGroups | None = None) -> tuple[int | None, str, float]:
+    """(exit code or None at the timeout, stdout+stderr, seconds); the process group is killed at
+    the timeout. A command that cannot start gives exit 127 and the reason as its output."""
+    try:
+        return run_killable(cmd, env=env, cwd=ROOT, timeout_s=timeout_s, groups=groups)
+    except OSError as exc:
+        return 127, f"cannot run {cmd[0]}: {exc}", 0.0
 
 
 def run_checks(tools: Sequence[str], kernels: Sequence[str], *, sanitizer: str, timeout_s: float = DEFAULT_TIMEOUT_S,
-               python: str = sys.executable, runner: Runner = run_command, progress=print,
+               python: str = sys.executable, runner: Runner | None = None, progress=print,
                on_check=None, jobs: int = 1) -> list[Check]:
     """Each kernel's driver once plainly, then under each tool; one Check per (tool, kernel),
     in the order of ``kernels`` then ``tools``. ``on_check(check)`` is called as each check is
     known, so that a run cut short keeps them. ``jobs`` kernels are checked at once (each in
-    its own processes, its tools one after another)."""
+    its own processes, its tools one after another). ``runner`` runs one command (default
+    :func:`run_command`). An interrupt (or any exception) in the calling thread kills every
+    running child and starts no further one."""
     if not isinstance(jobs, int) or jobs < 1:
         raise ValueError(f"jobs must be a positive int; got {jobs!r}")
     env = sanitizer_env()
     lock = threading.Lock()
     stop = threading.Event()  # set on an interrupt: kernels still running start no further tool
+    children = ChildGroups()
+    run = runner or partial(run_command, groups=children)
 
     def known(check: Check) -> Check:
         with lock:
@@ -315,34 +325,43 @@ def run_checks(tools: Sequence[str], kernels: Sequence[str], *, sanitizer: str, 
             progress(line)
 
     def check_kernel(kernel: str) -> list[Check]:
-        rc, out, seconds = runner(driver_command(kernel, python), env, timeout_s)
+        rc, out, seconds = run(driver_command(kernel, python), env, timeout_s)
         if rc != 0:
             tail = " | ".join([line for line in out.strip().splitlines() if line.strip()][-3:])
             why = "timed out" if rc is None else f"exit {rc}"
+            outcome = "timeout" if rc is None else "error"
             say(f"  {kernel}: driver FAILED without the sanitizer ({why}) {tail}")
-            return [known(Check(tool, kernel, "error", None, 0, 0.0,
+            return [known(Check(tool, kernel, outcome, None, 0, seconds if rc is None else 0.0,
                                 f"the driver fails without the sanitizer ({why}): {tail}"[:500])) for tool in tools]
         found = []
         for tool in tools:
             if stop.is_set():
                 break
-            check = judge(tool, kernel, *runner(sanitizer_command(sanitizer, tool, kernel, python), env, timeout_s))
+            check = judge(tool, kernel, *run(sanitizer_command(sanitizer, tool, kernel, python), env, timeout_s))
             errors = "?" if check.errors is None else check.errors
             say(f"  {tool:<9} {kernel:<16} {check.outcome:<7} errors {errors} ({check.seconds:.0f} s)"
                 + (f": {check.detail}" if check.outcome != "passed" and check.detail else ""))
             found.append(known(check))
         return found
 
-    if jobs == 1:
-        return [check for kernel in kernels for check in check_kernel(kernel)]
-    pool = ThreadPoolExecutor(max_workers=min(jobs, max(1, len(kernels))))
     try:
-        return [check for per_kernel in pool.map(check_kernel, kernels) for check in per_kernel]
+        per_kernel = _map_in_threads(check_kernel, kernels, jobs)
     except BaseException:
-        # an interrupt (Ctrl-C, a command limit): kernels not started are dropped, running ones
-        # start no further tool (their current child runs to its end or its timeout)
+        # an interrupt (Ctrl-C, a command limit's SIGINT) reaches this thread only: kernels not
+        # started are dropped, running ones lose their child and start no further tool
         stop.set()
+        children.kill_all()
         raise
+    return [check for checks in per_kernel for check in checks]
+
+
+def _map_in_threads(function: Callable, items: Sequence, jobs: int) -> list:
+    """``[function(item) for item in items]``, ``jobs`` items at once (in this thread for 1)."""
+    if jobs == 1:
+        return [function(item) for item in items]
+    pool = ThreadPoolExecutor(max_workers=min(jobs, max(1, len(items))))
+    try:
+        return list(pool.map(function, items))
     finally:
         pool.shutdown(wait=False, cancel_futures=True)
 
@@ -382,11 +401,11 @@ def unavailable_reason(sanitizer: str | None) -> str | None:
     return None
 
 
-def _positive_int(text: str) -> int:
-    value = int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be a positive int; got {text}")
-    return value
+def _executable(path: str) -> str:
+    """An argparse type for ``--sanitizer``: a file this user may execute."""
+    if not (os.path.isfile(path) and os.access(path, os.X_OK)):
+        raise argparse.ArgumentTypeError(f"not an executable file: {path}")
+    return path
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -396,11 +415,11 @@ def build_parser() -> argparse.ArgumentParser:
                         help=f"kernels to check (default all: {', '.join(KERNELS)})")
     parser.add_argument("--results-dir", metavar="DIR",
                         help="run directory for the records (default reports/runs/sanitize-<UTC time>)")
-    parser.add_argument("--sanitizer", metavar="PATH", help="the compute-sanitizer executable")
-    parser.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT_S, metavar="S",
+    parser.add_argument("--sanitizer", type=_executable, metavar="PATH", help="the compute-sanitizer executable")
+    parser.add_argument("--timeout", type=positive_float, default=DEFAULT_TIMEOUT_S, metavar="S",
                         help="seconds one run may take (default %(default)s)")
     parser.add_argument("--leg", default=None, help="version-leg name stored in the records")
-    parser.add_argument("--jobs", type=_positive_int, default=1, metavar="N",
+    parser.add_argument("--jobs", type=positive_int, default=1, metavar="N",
                         help="kernels checked at once, each its tools in turn (default %(default)s)")
     parser.add_argument("--list", action="store_true", help="print the kernels and tools and exit")
     parser.add_argument("--run-kernel", choices=tuple(KERNELS), help=argparse.SUPPRESS)
@@ -424,8 +443,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     stamp = _dt.datetime.now(_dt.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
     run_dir = Path(args.results_dir or ROOT / "reports" / "runs" / f"sanitize-{stamp}")
     print(f"[sanitize] {sanitizer}: {' '.join(args.tools)} over {len(args.kernels)} kernels", flush=True)
-    run = StreamedRun(run_dir, kind="sanitize", leg=args.leg, args=sys.argv[1:] if argv is None else list(argv),
-                      started=started, sanitizer=sanitizer)
+    try:
+        run = StreamedRun(run_dir, kind="sanitize", leg=args.leg,
+                          args=sys.argv[1:] if argv is None else list(argv), started=started, sanitizer=sanitizer)
+    except OSError as exc:
+        print(f"[sanitize] cannot write the run directory {run_dir}: {exc}", file=sys.stderr, flush=True)
+        return 2
     checks = run_checks(args.tools, args.kernels, sanitizer=sanitizer, timeout_s=args.timeout,
                         progress=lambda s: print(s, flush=True), on_check=lambda c: run.add(c.record()),
                         jobs=args.jobs)

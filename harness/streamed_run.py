@@ -8,6 +8,7 @@ shows as an incomplete run, exactly as the pytest plugin's runs do.
 
 from __future__ import annotations
 
+import argparse
 import threading
 from collections.abc import Sequence
 from pathlib import Path
@@ -20,9 +21,9 @@ class StreamedRun:
 
     def __init__(self, run_dir: Path, *, kind: str, leg: str | None, args: Sequence[str],
                  started: str | None = None, **extra) -> None:
-        from .env import capture
+        from .env import capture_or_fallback
 
-        env = capture(leg)
+        env = capture_or_fallback(leg)
         self.run_dir = Path(run_dir)
         self.run_dir.mkdir(parents=True, exist_ok=True)
         (self.run_dir / RECORDS_FILE).unlink(missing_ok=True)  # records append: a reused directory starts clean
@@ -67,3 +68,19 @@ def write_run(run_dir: Path, records: Sequence[Record], *, kind: str, leg: str |
     for record in records:
         run.add(record)
     run.finish()
+
+
+def positive_int(text: str) -> int:
+    """An argparse type for the runners' counts (``--jobs``): an int of at least 1."""
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be a positive int; got {text}")
+    return value
+
+
+def positive_float(text: str) -> float:
+    """An argparse type for the runners' time limits (``--timeout``): a finite number above 0."""
+    value = float(text)
+    if not 0 < value < float("inf"):
+        raise argparse.ArgumentTypeError(f"must be a positive number; got {text}")
+    return value

@@ -10,20 +10,27 @@ G = 64, default tiles) after a warm-up, for a profiler to read:
 
 from __future__ import annotations
 
+import argparse
 import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-import torch  # noqa: E402
-
-from kernels.affine import _launch_quantize  # noqa: E402
-from kernels.kv_cache import QuantizedKV  # noqa: E402
-
 SHAPE = (8, 8, 32768, 128)
 
 
-def main() -> int:
+def build_parser() -> argparse.ArgumentParser:
+    return argparse.ArgumentParser(prog="gpu_affine_profile.py", description=__doc__,
+                                   formatter_class=argparse.RawDescriptionHelpFormatter)
+
+
+def main(argv: list[str] | None = None) -> int:
+    build_parser().parse_args(argv)
+    import torch
+
+    from kernels.affine import _launch_quantize
+    from kernels.kv_cache import QuantizedKV
+
     b, h, s, d = SHAPE
     gen = torch.Generator(device="cuda").manual_seed(0)
     k = torch.randn(SHAPE, device="cuda", dtype=torch.float16, generator=gen)

@@ -6,9 +6,10 @@
 #   bash scripts/gpu_mutants.sh [PART] [more harness.mutants options]
 #
 # PART: all (default), or one slice that fits a 10-minute command limit on its own:
-#   packing | int8 | affine | decode   the mutants of those kernel files
-#   sanitize                           compute-sanitizer only
-#   report                             re-render the report from what earlier parts left
+#   packing | int8 | affine | decode | read-floor   the mutants of those files (see PARTS)
+#   sanitize                                        compute-sanitizer only
+#   report                                          re-render the report from what earlier parts left
+#   parts                                           print PARTS and exit
 # Results: $OUT (else reports/runs)/gpu-mutants-<part>/ and gpu-sanitize/, the report at
 # $OUT/mutants-report.html. Environment: KVH_MUTANT_JOBS (parallel mutants, default 4),
 # KVH_EXT_DIR (CUDA extension builds, default /tmp/kvh_ext, kept across parts),
@@ -24,6 +25,27 @@ part="${1:-all}"
 shift || true
 jobs="${KVH_MUTANT_JOBS:-4}"
 status=0
+
+# The mutant parts: a name, then the --match texts that pick its mutants. Together they pick every
+# mutant of the catalogue, each in one part (tests/test_scripts.py checks it).
+PARTS=(
+  "packing packing.py pack3.cu"
+  "int8 int8"
+  "affine affine.py kv_cache.py"
+  "decode decode.py paged.py"
+  "read-floor read_floor.py"
+)
+
+part_matches() {  # part_matches NAME: the --match texts of that part (status 1 when there is none)
+  local entry
+  for entry in "${PARTS[@]}"; do
+    if [ "${entry%% *}" = "$1" ]; then
+      echo "${entry#* }"
+      return 0
+    fi
+  done
+  return 1
+}
 
 mutants() {  # mutants NAME MATCH...
   local name="$1"
@@ -52,27 +74,37 @@ report() {
     --summary-md "$out/mutants-summary.md" | tail -20
 }
 
+case "$part" in
+  parts)
+    printf '%s\n' "${PARTS[@]}"
+    exit 0
+    ;;
+  all | sanitize | report) ;;
+  *)
+    if ! part_matches "$part" >/dev/null; then
+      echo "unknown part '$part': all, $(printf '%s, ' "${PARTS[@]%% *}")sanitize, report or parts" >&2
+      exit 2
+    fi
+    ;;
+esac
+
 EXTRA="$*"
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader || true
 python -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__, 'cuda', torch.cuda.is_available())"
 
 case "$part" in
-  packing) mutants packing packing.py pack3.cu ;;
-  int8) mutants int8 int8 ;;
-  affine) mutants affine affine.py kv_cache.py ;;
-  decode) mutants decode decode.py paged.py ;;
   sanitize) sanitize ;;
   report) ;;
   all)
-    mutants packing packing.py pack3.cu
-    mutants int8 int8
-    mutants affine affine.py kv_cache.py
-    mutants decode decode.py paged.py
+    for entry in "${PARTS[@]}"; do
+      # shellcheck disable=SC2086  # a part's name and texts, one word each
+      mutants $entry
+    done
     sanitize
     ;;
   *)
-    echo "unknown part '$part': all, packing, int8, affine, decode, sanitize or report" >&2
-    exit 2
+    # shellcheck disable=SC2046  # the part's texts, one word each
+    mutants "$part" $(part_matches "$part")
     ;;
 esac
 report || status=1

@@ -9,6 +9,7 @@ issue's target at 131072 x 4096: best variant >= 1.25x torch.compile on quant + 
 
 from __future__ import annotations
 
+import argparse
 import sys
 from pathlib import Path
 
@@ -38,24 +39,35 @@ def _fmt(value, digits=3) -> str:
     return f"{value:.{digits}g}" if abs(value) < 1000 else f"{value:,.0f}"
 
 
-def _rows(path: str) -> dict[str, dict[str, dict]]:
+def _rows(path: str) -> tuple[dict[str, dict[str, dict]], list[str]]:
+    """The passed bench_int8 records' metrics by shape and variant, and the file's problems."""
     result = read_records(path)
-    for problem in result.problems:
-        print(f"<!-- {problem} -->")
     shapes: dict[str, dict[str, dict]] = {}
     for rec in result.records:
         if rec.suite != "bench_int8" or rec.outcome != "passed":
             continue
         shape = rec.metrics.get("shape")
         shapes.setdefault(shape, {})[rec.variant] = rec.metrics
-    return shapes
+    return shapes, result.problems
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="int8_table.py", description=__doc__.splitlines()[0])
+    parser.add_argument("records", help="records.jsonl of a run of suites/test_bench_int8.py")
+    return parser
 
 
 def main(argv: list[str]) -> int:
-    if len(argv) != 1:
-        print(__doc__)
-        return 2
-    shapes = _rows(argv[0])
+    """The tables on stdout; exit 1 when the file has problems (each also a comment in the
+    output) or no passed bench_int8 record."""
+    args = build_parser().parse_args(argv)
+    shapes, problems = _rows(args.records)
+    for problem in problems:
+        print(f"<!-- {problem} -->")
+        print(problem, file=sys.stderr)
+    if not shapes:
+        print(f"{args.records}: no passed bench_int8 record", file=sys.stderr)
+        return 1
     order = [s for s in SEED_NAMES if s in shapes] + [s for s in shapes if s not in SEED_NAMES]
     print("## INT8 per-channel quantize + dequantize: best variant per shape\n")
     print(
@@ -103,7 +115,7 @@ def main(argv: list[str]) -> int:
             f"(need >= {TARGET_SPEEDUP}), {_fmt(pct)}% of copy bandwidth {_fmt(m.get('copy_gbps'), 4)} GB/s "
             f"(need >= {TARGET_PCT}%): {'MET' if ok else 'NOT MET'}"
         )
-    return 0
+    return 1 if problems else 0
 
 
 if __name__ == "__main__":

@@ -5,9 +5,11 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import time
 from pathlib import Path
 
 import pytest
+from processes import SigintWhen, ended
 
 from harness import mutants
 from harness.records import MANIFEST_FILE, RECORDS_FILE, Record, read_records
@@ -174,3 +176,60 @@ def test_a_selection_failing_on_clean_sources_makes_its_mutants_errors(tmp_path)
     assert sorted(r.mutant.name for r in seen) == ["missing-snippet", "stale-selection"]
     assert "no longer occurs" in results[1].detail
     assert results[0].killed_by is None
+
+
+def _tiny_project(root: Path) -> list[mutants.Mutant]:
+    """A project of one module and three test files, and a mutant of each line selecting one."""
+    (root / "kernels").mkdir(parents=True)
+    (root / "kernels" / "__init__.py").write_text("")
+    (root / "kernels" / "code.py").write_text("x = 1\ny = 2\nz = 3\n")
+    (root / "tests").mkdir()
+    found = []
+    for line, test in (("x = 1", "fast"), ("y = 2", "slow_a"), ("z = 3", "slow_b")):
+        (root / "tests" / f"test_{test}.py").write_text("")
+        found.append(mutants.Mutant(f"mutant-{test}", "kernels/code.py", line, line + "0", "nothing",
+                                    (f"tests/test_{test}.py",)))
+    return found
+
+
+@pytest.mark.skipif(not Path("/proc").is_dir(), reason="needs POSIX signals and /proc")
+@pytest.mark.parametrize("jobs", [1, 3])
+def test_a_real_interrupt_kills_every_running_pytest_and_keeps_the_finished_results(tmp_path, monkeypatch, jobs):
+    """A SIGINT to the process while worker threads run mutants: each running test run's whole
+    group is gone at once, the interrupt reaches the caller promptly, the result finished before
+    it stays in the records, and no killed run becomes a result."""
+    pids = tmp_path / "pids"
+    pids.mkdir()
+    script = f'case "$1" in *fast*) exit 1 ;; esac\nsleep 60 & echo "$$ $!" > {pids}/$(basename "$1")\nwait\n'
+    monkeypatch.setattr(mutants, "pytest_argv", lambda select, k, results_dir, python=None: [
+        "sh", "-c", script, "sh", select[0]])
+    project = _tiny_project(tmp_path / "project")
+    run = mutants.open_run(tmp_path / "run", leg="leg-m", args=[], started="t0")
+    seen: list = []
+
+    def ready() -> bool:
+        return len(seen) == 1 and len(list(pids.iterdir())) == min(jobs, 2)
+
+    with SigintWhen(ready) as interrupt, pytest.raises(KeyboardInterrupt):
+        mutants.run_mutants(project, jobs=jobs, timeout_s=120, gpu=False, check_clean=False,
+                            root=tmp_path / "project", progress=lambda s: None,
+                            on_result=lambda r: (run.add(mutants.result_record(r, False)), seen.append(r)))
+    assert interrupt.sent_at is not None and time.monotonic() - interrupt.sent_at < 10
+    for marker in pids.iterdir():
+        assert all(ended(int(pid)) for pid in marker.read_text().split()), marker.name
+    time.sleep(0.5)  # what a worker would still record after the interrupt
+    records = [(r.case, r.outcome) for r in read_records(tmp_path / "run" / RECORDS_FILE).records]
+    assert records == [("mutant-fast", "passed")]
+
+
+@pytest.mark.parametrize("option", [["--timeout", "0"], ["--timeout", "nan"], ["--jobs", "0"], ["--jobs", "-2"]])
+def test_limits_must_be_positive(option):
+    with pytest.raises(SystemExit):
+        mutants.build_parser().parse_args(option)
+
+
+def test_a_results_dir_that_is_a_file_is_refused(tmp_path, capsys):
+    taken = tmp_path / "taken"
+    taken.write_text("")
+    assert mutants.main(["--only", M.name, "--results-dir", str(taken)]) == 2
+    assert "cannot write the run directory" in capsys.readouterr().err

@@ -8,9 +8,11 @@ import stat
 import sys
 import threading
 import time
+from pathlib import Path
 
 import pytest
 import torch
+from processes import SigintWhen, ended
 
 from harness import sanitize
 from harness.records import RECORDS_FILE, read_records
@@ -259,3 +261,79 @@ def test_a_run_cut_short_keeps_every_finished_check(tmp_path):
     assert report_main(["report", str(run_dir), "-o", str(html)]) == 0
     page = html.read_text(encoding="utf-8")
     assert "incomplete run" in page and "initcheck:packing-cuda" in page
+
+
+def _script(path: Path, text: str) -> str:
+    path.write_text("#!/bin/sh\n" + text)
+    path.chmod(path.stat().st_mode | stat.S_IXUSR)
+    return str(path)
+
+
+@pytest.mark.skipif(not Path("/proc").is_dir(), reason="needs POSIX signals and /proc")
+@pytest.mark.parametrize("jobs", [1, 3])
+def test_a_real_interrupt_kills_every_running_child_and_keeps_the_finished_checks(tmp_path, jobs):
+    """A SIGINT to the process while kernels' drivers run (one in the main thread, or several in
+    worker threads): each running driver's whole group is gone at once, the interrupt reaches the
+    caller promptly, and the check that finished before it stays in the records."""
+    from harness.streamed_run import StreamedRun
+
+    pids = tmp_path / "pids"
+    pids.mkdir()
+    python = _script(tmp_path / "python", (  # the driver: int8-naive passes, the others hang with a grandchild
+        'for kernel; do :; done\n'
+        '[ "$kernel" = int8-naive ] && exit 0\n'
+        f'sleep 60 & echo "$$ $!" > {pids}/$kernel\nwait\n'))
+    sanitizer = _script(tmp_path / "compute-sanitizer", "echo '========= ERROR SUMMARY: 0 errors'\n")
+    run = StreamedRun(tmp_path / "run", kind="sanitize", leg="leg-s", args=[])
+    seen: list = []
+
+    def ready() -> bool:
+        return len(seen) == 1 and len(list(pids.iterdir())) == min(jobs, 2)
+
+    with SigintWhen(ready) as interrupt, pytest.raises(KeyboardInterrupt):
+        sanitize.run_checks(["memcheck"], ["int8-naive", "int8-tiled", "decode-triton"], sanitizer=sanitizer,
+                            python=python, timeout_s=120, progress=lambda s: None, jobs=jobs,
+                            on_check=lambda c: (run.add(c.record()), seen.append(c)))
+    assert interrupt.sent_at is not None and time.monotonic() - interrupt.sent_at < 10
+    for marker in pids.iterdir():
+        assert all(ended(int(pid)) for pid in marker.read_text().split()), marker.name
+    records = [(r.case, r.outcome) for r in read_records(tmp_path / "run" / RECORDS_FILE).records]
+    assert records == [("memcheck:int8-naive", "passed")]
+
+
+def test_a_driver_timeout_is_a_timeout(tmp_path):
+    """A driver that times out without the sanitizer makes each of its checks a timeout, not an error."""
+    checks = sanitize.run_checks(["memcheck", "racecheck"], ["int8-naive"], sanitizer="/opt/cs",
+                                 runner=lambda cmd, env, timeout_s: (None, "partial output", timeout_s),
+                                 timeout_s=5, progress=lambda s: None)
+    assert [(c.tool, c.outcome) for c in checks] == [("memcheck", "timeout"), ("racecheck", "timeout")]
+    assert all(c.record().outcome == "timeout" and "timed out" in c.detail for c in checks)
+
+
+def test_a_command_that_cannot_start_is_an_error_check(tmp_path):
+    """A sanitizer path that is not there fails its checks (exit 127 and the reason), not the run;
+    the command line refuses one at once."""
+    seen: list = []
+    checks = sanitize.run_checks(["memcheck"], ["int8-naive", "int8-tiled"], sanitizer=str(tmp_path / "missing"),
+                                 python=_script(tmp_path / "python", "exit 0\n"), timeout_s=30,
+                                 progress=lambda s: None, on_check=seen.append)
+    assert [c.outcome for c in checks] == ["error", "error"] and seen == checks
+    assert "exit 127" in checks[0].detail and "cannot run" in checks[0].detail
+    with pytest.raises(SystemExit):
+        sanitize.build_parser().parse_args(["--sanitizer", str(tmp_path / "missing")])
+    with pytest.raises(SystemExit):
+        sanitize.build_parser().parse_args(["--sanitizer", str(tmp_path)])  # a directory
+
+
+@pytest.mark.parametrize("option", [["--timeout", "0"], ["--timeout", "-5"], ["--jobs", "0"]])
+def test_limits_must_be_positive(option):
+    with pytest.raises(SystemExit):
+        sanitize.build_parser().parse_args(option)
+
+
+def test_a_results_dir_that_is_a_file_is_refused(tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(sanitize, "unavailable_reason", lambda sanitizer: None)
+    taken = tmp_path / "taken"
+    taken.write_text("")
+    code = sanitize.main(["--results-dir", str(taken), "--sanitizer", _script(tmp_path / "cs", "exit 0\n")])
+    assert code == 2 and "cannot write the run directory" in capsys.readouterr().err

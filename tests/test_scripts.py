@@ -1,5 +1,6 @@
 """The GPU visit scripts: each parses (bash -n, Python compile), the Python ones answer --help
-without a GPU, the INT8 table is built from records, and docs/sessions.md names every script."""
+without a GPU, the INT8 table is built from records, the mutant parts cover the catalogue, and
+docs/sessions.md names every script."""
 
 from __future__ import annotations
 
@@ -29,7 +30,8 @@ def test_python_scripts_compile(script, tmp_path):
     py_compile.compile(str(script), cfile=str(tmp_path / "out.pyc"), doraise=True)
 
 
-@pytest.mark.parametrize("name", ["gpu_packing_sweep.py", "gpu_affine_sweep.py", "gpu_decode.py"])
+@pytest.mark.parametrize("name", ["gpu_packing_sweep.py", "gpu_affine_sweep.py", "gpu_decode.py",
+                                  "gpu_affine_profile.py", "int8_table.py"])
 def test_python_scripts_answer_help_without_a_gpu(name):
     result = subprocess.run([sys.executable, str(ROOT / "scripts" / name), "--help"], cwd=ROOT,
                             capture_output=True, text=True, timeout=300)
@@ -64,6 +66,51 @@ def test_int8_table_from_records(tmp_path):
     assert result.returncode == 0, result.stderr[-2000:]
     assert "Realistic Large LLM" in result.stdout and "131072x4096" in result.stdout
     assert "NOT MET" in result.stdout and "0.91x torch.compile" in result.stdout
+
+
+@pytest.mark.parametrize("content", [None, "", '{"suite": "other"}\n'], ids=["missing", "empty", "no-bench"])
+def test_int8_table_without_benchmark_records_fails(tmp_path, content):
+    path = tmp_path / "records.jsonl"
+    if content is not None:
+        path.write_text(content)
+    result = subprocess.run([sys.executable, str(ROOT / "scripts" / "int8_table.py"), str(path)], cwd=ROOT,
+                            capture_output=True, text=True, timeout=120)
+    assert result.returncode != 0 and "|" not in result.stdout, result.stdout
+
+
+@pytest.mark.skipif(shutil.which("bash") is None, reason="needs bash")
+def test_the_mutant_parts_pick_every_mutant_once():
+    """gpu_mutants.sh's parts (`all` runs each): every mutant of the catalogue in exactly one part."""
+    from harness.mutants import CATALOGUE, select_mutants
+
+    result = subprocess.run(["bash", str(ROOT / "scripts" / "gpu_mutants.sh"), "parts"], capture_output=True,
+                            text=True, timeout=60)
+    assert result.returncode == 0, result.stderr
+    picked: dict[str, list[str]] = {}
+    for line in result.stdout.splitlines():
+        part, *texts = line.split()
+        for mutant in select_mutants(None, ci=False, match=texts):
+            picked.setdefault(mutant.name, []).append(part)
+    assert not [m.name for m in CATALOGUE if m.name not in picked], "mutants in no part"
+    assert not {name: parts for name, parts in picked.items() if len(parts) > 1}, "mutants in several parts"
+
+
+@pytest.mark.skipif(shutil.which("bash") is None, reason="needs bash")
+def test_faults_skip_the_mutants_when_no_time_is_left(tmp_path):
+    """With nothing left of the limit, gpu_faults.sh says so and runs no mutant (`timeout 0` would
+    run them without any limit). python and python3 are stand-ins that log their arguments."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    calls = tmp_path / "calls.txt"
+    for tool in ("python", "python3"):
+        (bin_dir / tool).write_text(f'#!/bin/sh\necho "$*" >> "{calls}"\n')
+        (bin_dir / tool).chmod(0o755)
+    env = {"PATH": f"{bin_dir}:/usr/bin:/bin", "OUT": str(tmp_path / "out"), "TMPDIR": str(tmp_path)}
+    result = subprocess.run(["bash", str(ROOT / "scripts" / "gpu_faults.sh"), "0"], env=env, capture_output=True,
+                            text=True, timeout=120)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert "mutants + sanitizer: SKIPPED" in result.stdout
+    assert "harness.mutants" not in calls.read_text() and "harness.sanitize" not in calls.read_text()
 
 
 @pytest.mark.skipif(shutil.which("bash") is None, reason="needs bash")

@@ -55,3 +55,18 @@ def test_a_reused_directory_starts_clean(tmp_path):
     second = StreamedRun(tmp_path / "run", kind="sanitize", leg="L", args=[])
     second.finish()
     assert read_records(tmp_path / "run" / RECORDS_FILE).records == []
+
+
+def test_a_failing_environment_capture_still_writes_the_run(tmp_path, monkeypatch):
+    """Should the capture fail, the manifest names why and the records still land."""
+    def broken(leg=None):
+        raise UnicodeDecodeError("utf-8", b"\xe9", 0, 1, "invalid continuation byte")
+
+    monkeypatch.setattr("harness.env.capture", broken)
+    run = StreamedRun(tmp_path / "run", kind="sanitize", leg="leg-x", args=[])
+    run.add(_record(0))
+    run.finish()
+    manifest = json.loads((tmp_path / "run" / MANIFEST_FILE).read_text())
+    assert manifest["complete"] is True and manifest["leg"] == "leg-x"
+    assert manifest["env"]["capture_error"].startswith("UnicodeDecodeError")
+    assert [r.run_id for r in read_records(tmp_path / "run" / RECORDS_FILE).records] == ["leg-x@run"]
