@@ -45,7 +45,7 @@ from pathlib import Path
 from ..records import OUTCOMES, Record, utc_now, write_json_atomic
 from .fmt import clean_text, to_float
 from .load import BAD_OUTCOMES, ResultSet, Run
-from .summary import ERROR_METRICS, suite_name, worst
+from .summary import ERROR_METRICS, is_reference, suite_name, worst
 
 FORMAT = "kvh-baseline"
 VERSION = 1
@@ -333,8 +333,3 @@ def compare(
     comparison.improvements.sort(key=lambda f: f.change_pct or 0.0)
     comparison.references.sort(key=lambda f: (f.change_pct is not None, -abs(f.change_pct or 0.0)))
     return comparison
-
-
-def is_reference(record: Record) -> bool:
-    """A baseline timed beside the kernels (the record's metrics say ``"reference": true``)."""
-    return record.metrics.get("reference") is True

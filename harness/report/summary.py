@@ -42,9 +42,16 @@ def checked_of(record: Record) -> float | None:
     return None
 
 
+def is_reference(record: Record) -> bool:
+    """A baseline timed beside the kernels (the record's metrics say ``"reference": true``)."""
+    return record.metrics.get("reference") is True
+
+
 @dataclass
 class Stats:
-    """Figures over a set of records (one cell, one suite, one leg or everything)."""
+    """Figures over a set of records (one cell, one suite, one leg or everything): outcomes and
+    times of all of them; states checked, bit errors and worst errors of the kernels' own cases
+    (a baseline timed beside them, such as torch.compile, is no check of the kernels)."""
 
     counts: Counter = field(default_factory=Counter)
     checked: float | None = None
@@ -55,14 +62,15 @@ class Stats:
 
     @classmethod
     def of(cls, records: list[Record]) -> Stats:
-        checked = [c for c in (checked_of(r) for r in records) if c is not None]
-        bits = [b for b in (to_float(r.metrics.get("bit_errors")) for r in records) if b is not None]
+        own = [r for r in records if not is_reference(r)]
+        checked = [c for c in (checked_of(r) for r in own) if c is not None]
+        bits = [b for b in (to_float(r.metrics.get("bit_errors")) for r in own) if b is not None]
         return cls(
             counts=Counter(r.outcome for r in records),
             checked=sum(checked) if checked else None,
             bit_errors=sum(bits) if bits else None,
-            max_abs_err=worst(r.metrics.get("max_abs_err") for r in records),
-            max_rel_err=worst(r.metrics.get("max_rel_err") for r in records),
+            max_abs_err=worst(r.metrics.get("max_abs_err") for r in own),
+            max_rel_err=worst(r.metrics.get("max_rel_err") for r in own),
             duration_s=sum(float(r.duration_s or 0.0) for r in records),
         )
 
