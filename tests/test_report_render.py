@@ -220,3 +220,11 @@ def test_a_record_line_of_wrong_types_is_a_read_problem_on_the_page(tmp_path):
     assert [r.case for r in results.runs[0].records] == ["test_a"]
     assert "line 2 unreadable: field &#39;metrics&#39; must be an object, got NoneType" in html
     assert "unreadable: field &#39;duration_s&#39; must be a number, got &#39;slow&#39;" in html
+
+
+def test_error_axis_leaves_errors_below_the_floor_at_its_edge():
+    from harness.report.charts import ERROR_FLOOR, error_axis_limits
+
+    low, high = error_axis_limits([1e-157, 0.0, 2e-4, 3e-3, float("nan"), float("inf")])
+    assert ERROR_FLOOR / 3 <= low <= 2e-4 / 30 and abs(high - 3e-3 * 30) < 1e-12
+    assert error_axis_limits([]) == (1e-8 / 30, 30.0)

@@ -267,6 +267,17 @@ def _jitter(index: int) -> float:
     return ((index * 0.6180339887) % 1.0 - 0.5) * 0.5
 
 
+ERROR_FLOOR = 1e-12  # errors at or below this are drawn at the axis' left edge, with exact zeros
+
+
+def error_axis_limits(values: list[float]) -> tuple[float, float]:
+    """(low, high) of a log axis for errors: room around the finite ones above ERROR_FLOOR; exact
+    zeros, errors at or below the floor (say 1e-157 from a float64 check) and NaN/inf are drawn
+    at the edges, so that they do not stretch the axis over a hundred decades."""
+    finite = [v for v in values if math.isfinite(v) and v > ERROR_FLOOR]
+    return max(min(finite, default=1e-8) / 30, ERROR_FLOOR / 3), max(finite, default=1.0) * 30
+
+
 def error_chart(summary: Summary) -> Chart | None:
     """Strip plot of max_abs_err and max_rel_err per suite (log scale; exact zeros and NaN marked)."""
     rows: dict[str, dict[str, list[tuple[float, bool]]]] = {}
@@ -284,16 +295,14 @@ def error_chart(summary: Summary) -> Chart | None:
         axes = fig.subplots(1, 2, sharey=True, squeeze=False)[0]
         for ax, metric in zip(axes, ("max_abs_err", "max_rel_err"), strict=True):
             data = rows.get(metric, {})
-            finite = [v for pts in data.values() for v, _ in pts if math.isfinite(v) and v > 0]
-            low = min(finite, default=1e-8) / 30
-            high = max(finite, default=1.0) * 30
+            low, high = error_axis_limits([v for pts in data.values() for v, _ in pts])
             for y, suite in enumerate(suites):
                 points = data.get(suite, [])
                 for i, (value, bad) in enumerate(points):
                     if math.isnan(value) or math.isinf(value):
                         x, marker, color = high, "^", "#cf222e"
-                    elif value <= 0:
-                        x, marker, color = low, "|", "#6e7781"
+                    elif value <= ERROR_FLOOR:
+                        x, marker, color = low, "|", "#cf222e" if bad else "#6e7781"
                     else:
                         x, marker, color = value, "o", "#cf222e" if bad else "#1f6feb"
                     ax.plot([x], [y + _jitter(i)], marker=marker, markersize=3.2, color=color, alpha=0.75,
@@ -307,7 +316,7 @@ def error_chart(summary: Summary) -> Chart | None:
                 ax.spines[side].set_visible(False)
         axes[0].set_yticks(range(len(suites)), labels=[clean_text(suite) for suite in suites])
         axes[0].set_ylim(len(suites) - 0.5, -0.5)
-        fig.text(0.01, -0.02, "dot: one case (red: failed) \N{MIDDLE DOT} bar at left: exactly 0 "
+        fig.text(0.01, -0.02, "dot: one case (red: failed) \N{MIDDLE DOT} bar at left: 0 or below 1e-12 "
                  "\N{MIDDLE DOT} triangle at right: NaN/inf", fontsize=6.5, color="#424a53")
     return Chart("errors", "", "Worst errors per case", "max_abs_err and max_rel_err of every case that reports them",
                  figure_uri(fig), "strip plot of worst absolute and relative errors per suite")
