@@ -96,8 +96,13 @@ def _suite_of(nodeid: str) -> tuple[str, str]:
 
 
 def _text(report) -> str | None:
+    """The report's message: a skip's reason as written (pytest keeps it as a (path, line,
+    "Skipped: reason") tuple), else the longest form pytest gives, its last 4,000 characters."""
     if not report.longrepr:
         return None
+    if isinstance(report.longrepr, tuple) and len(report.longrepr) == 3:
+        reason = str(report.longrepr[2])
+        return reason.removeprefix("Skipped: ")[-4000:]
     text = report.longreprtext if hasattr(report, "longreprtext") else str(report.longrepr)
     return text[-4000:]
 
