@@ -106,10 +106,14 @@ def variants_for(device: torch.device | str) -> tuple[str, ...]:
     return tuple(names)
 
 
-def _resolve_variant(variant: str | None, device: torch.device, D: int) -> str:
+def _resolve_variant(variant: str | None, device: torch.device, D: int, outs=()) -> str:
+    """The variant to run. ``None``: on CUDA the vectorized kernel where D % 4 == 0 and every given
+    output tensor is 16-byte aligned (a slice of a larger buffer may not be), else coarsened;
+    torch elsewhere."""
     if variant is None:
         if device.type == "cuda":
-            return "vectorized" if D % 4 == 0 else "coarsened"
+            aligned = all(t.data_ptr() % 16 == 0 for t in outs if isinstance(t, torch.Tensor))
+            return "vectorized" if D % 4 == 0 and aligned else "coarsened"
         return "torch"
     require_choice("variant", variant, VARIANTS)
     if variant in CUDA_VARIANTS and device.type != "cuda":
@@ -426,7 +430,7 @@ def compute_scales(
 ) -> torch.Tensor:
     """Per-channel scales of ``x`` [T, D]: float32 [D], ``s_d = max_t |x[t, d]| / 127`` (0 below 2**-64)."""
     _check_matrix("x", x, INPUT_DTYPES)
-    variant = _resolve_variant(variant, x.device, x.shape[1])
+    variant = _resolve_variant(variant, x.device, x.shape[1], (out,))
     _check_baseline_dtype(variant, x)
     x = _input(x, variant)
     scales = _output("out", out, (x.shape[1],), torch.float32, x.device, variant)
@@ -455,10 +459,10 @@ def quantize_per_channel(
     """
     _check_matrix("x", x, INPUT_DTYPES)
     T, D = x.shape
-    variant = _resolve_variant(variant, x.device, D)
-    _check_baseline_dtype(variant, x)
     if out is not None and (not isinstance(out, (tuple, list)) or len(out) != 2):
         raise TypeError("out must be a (q, scales) pair of tensors")
+    variant = _resolve_variant(variant, x.device, D, out or ())
+    _check_baseline_dtype(variant, x)
     q = _output(
         "out[0] (q)", None if out is None else out[0], (T, D), torch.int8, x.device, variant
     )
@@ -494,7 +498,7 @@ def dequantize_per_channel(
     T, D = q.shape
     _check_scales(scales, D)
     require_same_device(q=q, scales=scales)
-    variant = _resolve_variant(variant, q.device, D)
+    variant = _resolve_variant(variant, q.device, D, (out,))
     result = _output("out", out, (T, D), torch.float32, q.device, variant)
     q = _input(q, variant)
     scales = _input(scales, variant)

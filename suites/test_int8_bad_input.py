@@ -175,3 +175,20 @@ def test_misaligned_views_on_gpu(record):
         q, s = int8.quantize_per_channel(x, variant=variant)
         q_ref, s_ref = int8.quantize_per_channel(x.clone(), variant="torch")
         assert torch.equal(q, q_ref) and torch.equal(s, s_ref), variant
+
+
+def test_default_variant_takes_the_unaligned_out_it_is_given(record):
+    """variant=None on CUDA picks the vectorized kernel only when every output given is 16-byte
+    aligned (a slice of a cache may not be), else the coarsened one, which takes any alignment;
+    decided from the tensors alone, so it is checked on any machine."""
+    cuda = torch.device("cuda")
+    buffer = torch.empty(4 * 12 + 4, dtype=torch.float32)
+    aligned, offset = buffer[:48].view(4, 12), buffer[1:49].view(4, 12)
+    assert aligned.data_ptr() % 16 == 0 and offset.data_ptr() % 16
+    assert int8._resolve_variant(None, cuda, 12) == "vectorized"
+    assert int8._resolve_variant(None, cuda, 12, (aligned, None)) == "vectorized"
+    assert int8._resolve_variant(None, cuda, 12, (offset,)) == "coarsened"
+    assert int8._resolve_variant(None, cuda, 12, (None, offset)) == "coarsened"
+    assert int8._resolve_variant(None, cuda, 6, (aligned,)) == "coarsened"
+    assert int8._resolve_variant(None, torch.device("cpu"), 12, (offset,)) == "torch"
+    record.add(states_checked=6)
