@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import math
 import re
 
@@ -31,6 +32,20 @@ def non_finite(number: float) -> str:
     return "inf" if number > 0 else "-inf"
 
 
+def finite_only(fmt):
+    """A formatter of finite numbers made a formatter of any metric value: "" for what is no
+    number, the one spelling of a non-finite one (:func:`non_finite`), else ``fmt(number)``."""
+
+    @functools.wraps(fmt)
+    def formatted(value, *args, **kwargs) -> str:
+        number = to_float(value)
+        if number is None:
+            return ""
+        return fmt(number, *args, **kwargs) if math.isfinite(number) else non_finite(number)
+
+    return formatted
+
+
 def clean_text(text, limit: int | None = None) -> str:
     """Printable text: control characters and lone surrogates replaced, so that it can be
     written as UTF-8 HTML, Markdown or XML."""
@@ -50,12 +65,8 @@ def first_line(text, limit: int = 160) -> str:
     return clean_text(line, limit)
 
 
-def fmt_count(value) -> str:
-    number = to_float(value)
-    if number is None:
-        return ""
-    if not math.isfinite(number):
-        return non_finite(number)
+@finite_only
+def fmt_count(number: float) -> str:
     if abs(number) < 1e6:
         return f"{int(number):,}" if number == int(number) else f"{number:,.2f}"
     for suffix, scale in (("T", 1e12), ("G", 1e9), ("M", 1e6)):
@@ -64,24 +75,16 @@ def fmt_count(value) -> str:
     return str(number)  # pragma: no cover
 
 
-def fmt_err(value) -> str:
-    number = to_float(value)
-    if number is None:
-        return ""
-    if not math.isfinite(number):
-        return non_finite(number)
+@finite_only
+def fmt_err(number: float) -> str:
     if number == 0:
         return "0"
     return f"{number:.2e}"
 
 
-def fmt_sig(value, digits: int = 3) -> str:
+@finite_only
+def fmt_sig(number: float, digits: int = 3) -> str:
     """Three significant digits without exponent for everyday magnitudes (ms, GB/s)."""
-    number = to_float(value)
-    if number is None:
-        return ""
-    if not math.isfinite(number):
-        return non_finite(number)
     if number == 0:
         return "0"
     if abs(number) >= 10 ** digits:
@@ -92,33 +95,24 @@ def fmt_sig(value, digits: int = 3) -> str:
     return f"{number:.{decimals}f}"
 
 
-def fmt_pct(value) -> str:
-    number = to_float(value)
-    if number is None:
-        return ""
-    return f"{number:.1f}%" if math.isfinite(number) else non_finite(number)
+@finite_only
+def fmt_pct(number: float) -> str:
+    return f"{number:.1f}%"
 
 
-def fmt_x(value) -> str:
-    number = to_float(value)
-    if number is None:
-        return ""
-    return f"{fmt_sig(number)}\N{MULTIPLICATION SIGN}" if math.isfinite(number) else non_finite(number)
+@finite_only
+def fmt_x(number: float) -> str:
+    return f"{fmt_sig(number)}\N{MULTIPLICATION SIGN}"
 
 
-def fmt_signed_pct(value) -> str:
-    number = to_float(value)
-    if number is None:
-        return ""
-    return f"{number:+.1f}%" if math.isfinite(number) else non_finite(number)
+@finite_only
+def fmt_signed_pct(number: float) -> str:
+    return f"{number:+.1f}%"
 
 
-def fmt_duration(seconds) -> str:
-    number = to_float(seconds)
-    if number is None:
-        return ""
-    if not math.isfinite(number):
-        return non_finite(number)
+@finite_only
+def fmt_duration(number: float) -> str:
+    """Seconds as ms, s, minutes or hours."""
     if number == 0:
         return "0"
     if number < 1:
