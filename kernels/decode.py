@@ -1203,6 +1203,8 @@ def decode_attention(
         sm_scale = 1.0 / math.sqrt(d)
     if out is None:
         out = torch.empty_like(q)
+    if q.shape[0] == 0:  # an empty batch: nothing to attend
+        return out
     if backend == "torch":
         out.copy_(reference_decode(q, cache, seq_lens=lens_t, sm_scale=sm_scale, dtype=torch.float32))
         return out

@@ -339,3 +339,13 @@ def test_scale_words_needs_16_bit_pairs(record, device):
     wide[..., :2] = cache.v_zero
     assert not decode.scale_words(decode_view(dataclasses.replace(cache, v_zero=wide[..., :2])))
     record.add(states_checked=4)
+
+
+@pytest.mark.parametrize("backend", ["triton", "torch"])
+def test_empty_batch(record, device, backend):
+    """A batch of no sequences gives an empty output on both backends (no launch, no error)."""
+    cache = kernels.QuantizedKV.empty(0, 2, 64, capacity=64, device=device)
+    out = decode_attention(torch.zeros(0, 4, 64, dtype=torch.float16, device=device), cache, backend=backend)
+    assert out.shape == (0, 4, 64) and out.dtype == torch.float16
+    record.backend, record.device = backend, device
+    record.add(states_checked=0)
