@@ -7,8 +7,8 @@ Public API (DESIGN section 4)::
     kernels.quantize_kv(k, v, bits=3, *, group_size=64, ...) -> QuantizedKV
     kernels.dequantize_kv(qkv) -> (k_hat, v_hat)
     kernels.decode_attention(q, qkv, *, seq_lens=None, sm_scale=None, backend=None)
-    kernels.int8.quantize_per_channel(x, *, variant="vectorized") -> (q, scales)
-    kernels.int8.dequantize_per_channel(q, scales, *, variant="vectorized")
+    kernels.int8.quantize_per_channel(x, *, variant=None) -> (q, scales)
+    kernels.int8.dequantize_per_channel(q, scales, *, variant=None)
 
 Submodules load on first use, so ``import kernels`` stays cheap.
 """

@@ -43,12 +43,13 @@ Variants (``variant=``):
 
 Every CUDA variant shares one scales pass on the GPU (one read of ``x``: blocks over column
 strips and row ranges, a shared-memory reduction, ``atomicMax`` on the float bits). ``triton``
-has its own scales pass built the same way. ``variant=None`` picks ``vectorized`` (or
-``coarsened`` when ``D % 4 != 0``) for CUDA tensors and ``torch`` for CPU tensors. A variant that
-cannot run on the tensors' device raises ``ValueError``.
+has its own scales pass built the same way. ``variant=None`` picks ``vectorized`` for CUDA
+tensors when ``D % 4 == 0`` and every output passed in is 16-byte aligned, else ``coarsened``,
+and ``torch`` for CPU tensors. A variant that cannot run on the tensors' device raises
+``ValueError``.
 
 Outputs may be passed in (``out=``) to reuse memory; they must be contiguous, of the exact
-shape, dtype and device.
+shape, dtype and device (and 16-byte aligned for ``vectorized``).
 """
 
 from __future__ import annotations
@@ -455,7 +456,8 @@ def quantize_per_channel(
     """Quantize ``x`` [T, D] to int8 codes [T, D] and float32 scales [D] (rules in the module doc).
 
     ``out=(q, scales)`` writes into given tensors. Raises ``ValueError`` for NaN/Inf in ``x``, a
-    variant that cannot run on ``x``'s device, or ``vectorized`` with ``D % 4 != 0``.
+    variant that cannot run on ``x``'s device, or ``vectorized`` with ``D % 4 != 0`` or an output
+    that is not 16-byte aligned.
     """
     _check_matrix("x", x, INPUT_DTYPES)
     T, D = x.shape

@@ -167,8 +167,9 @@ class QuantizedKV(CacheLengths):
         scales, zeros and residual tokens that :func:`kernels.quantize_kv` stores for all
         tokens at once (the capacity beyond them may differ). Inputs must match the cache's
         dtype, heads and head_dim; the cache keeps their values, not their autograd graph.
-        On error (NaN/Inf, bad shape) the cache is left as it was (``seq_lens`` and the
-        residual unchanged).
+        On bad input (NaN/Inf, shape, dtype) the cache is left as it was; a group whose
+        scale overflows the scale dtype raises after its codes were written, past
+        ``seq_lens`` (where nothing reads them), with ``seq_lens`` and the residual unchanged.
         """
         from ._checks import require_finite, require_same_device, resolve_backend
         from .affine import _check_kv, quantize_into
@@ -199,8 +200,8 @@ class QuantizedKV(CacheLengths):
             k_all = torch.cat([self.k_residual[sel, :, :r], k[sel]], dim=2)
             v_all = torch.cat([self.v_residual[sel, :, :r], v[sel]], dim=2)
             full = (r + t) // g * g
-            require_finite("k", k_all[:, :, full:])
-            require_finite("v", v_all[:, :, full:])
+            require_finite("k", k_all)  # before anything is written
+            require_finite("v", v_all)
             plans.append((sel, q_len, k_all, v_all, full))
         need = max(q_len + full for _, q_len, _, _, full in plans)
         if need > self.capacity:  # grown geometrically: appends cost amortized O(1) copies per token

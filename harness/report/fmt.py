@@ -56,7 +56,8 @@ def clean_text(text, limit: int | None = None) -> str:
 
 
 def first_line(text, limit: int = 160) -> str:
-    """The most telling line of a failure message: the last ``E   ...`` line, else the first line."""
+    """The most telling line of a failure message: the first ``E   ...`` line, else the last
+    non-blank line."""
     if not text:
         return ""
     lines = [line for line in str(text).splitlines() if line.strip()]
