@@ -177,6 +177,19 @@ def unfused_decode(q: torch.Tensor, cache: QuantizedKV, length: int) -> torch.Te
     return sdpa_decode(q, k.to(q.dtype), v.to(q.dtype))
 
 
+LONG_CONTEXT = 32768  # from here on the fused kernel is held to the long-context goals
+
+
+def decode_goals(seq: int) -> dict:
+    """What the fused 3-bit decode aims at on a GPU (figures shown in the report, never asserted):
+    faster than the unfused path at every length; from LONG_CONTEXT tokens on, 4x fp16 SDPA and
+    80% of the copy bandwidth measured in the same run over the bytes it must read."""
+    goals = {"speedup.unfused": 1.0}
+    if seq >= LONG_CONTEXT:
+        goals.update({"speedup.sdpa_fp16": 4.0, "pct_of_peak": 80.0})
+    return goals
+
+
 def bench_shape(batch, hq, hkv, seq, dim, *, device, bits=3, layout=None, seed=0) -> dict:
     """Time the fused kernel, fp16 SDPA on the original K/V and the unfused path on one shape,
     check the fused output, and return the figures (ms, speedups, bandwidth over the bytes the
@@ -215,5 +228,6 @@ def bench_shape(batch, hq, hkv, seq, dim, *, device, bits=3, layout=None, seed=0
         from harness.read_floor import read_floor_ms
 
         floor_ms = read_floor_ms(nbytes, q.device.index or 0)
-        figures.update(read_floor_ms=floor_ms, pct_of_read_floor=100.0 * floor_ms / fused_ms)
+        figures.update(read_floor_ms=floor_ms, pct_of_read_floor=100.0 * floor_ms / fused_ms,
+                       goals=decode_goals(seq))
     return figures

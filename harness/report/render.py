@@ -15,6 +15,7 @@ from .. import timeline
 from ..records import STANDARD_METRICS, Record, utc_now
 from . import fmt
 from .charts import all_charts
+from .goals import goals_of
 from .load import BAD_OUTCOMES, Run
 from .summary import Summary
 
@@ -193,6 +194,7 @@ def render_html(summary: Summary, *, title: str = "kv harness report", links: di
         bad_input=summary.bad_input(),
         comparison=summary.comparison,
         problems=summary.results.all_problems(),
+        goals=goals_of(summary.results),
         links=links or {},
     )
     return fmt.clean_text(page)  # whatever field reached the page unfiltered, it can be written as UTF-8

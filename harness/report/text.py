@@ -9,6 +9,7 @@ from .. import timeline
 from ..records import OUTCOMES
 from .baseline import STATIC_METRICS
 from .fmt import clean_text, first_line, fmt_count, fmt_duration, fmt_err, fmt_sig, fmt_signed_pct
+from .goals import describe, goals_line, goals_of
 from .summary import Summary, suite_name
 
 SHOWN = 8  # failing cases / regressions listed before "... and N more"
@@ -80,6 +81,14 @@ def text_summary(summary: Summary, *, report_path=None, junit_path=None, markdow
         if comparison.not_comparable:
             out.append(clean_text("    timings not compared (other mode or GPU than the baseline): "
                                   + ", ".join(comparison.not_comparable), width))
+    goals = goals_of(summary.results)
+    if goals:
+        missed = [g for g in goals if not g.met]
+        out.append(f"  {goals_line(goals)} (set by the cases themselves; a missed goal fails nothing)")
+        for goal in missed[:SHOWN]:
+            out.append(clean_text("    missed " + describe(goal), width))
+        if len(missed) > SHOWN:
+            out.append(f"    ... and {len(missed) - SHOWN} more in the report")
     if summary.n_problems:
         out.append(f"  read problems: {summary.n_problems} (listed in the report)")
     for name, path in (("report", report_path), ("junit", junit_path), ("markdown", markdown_path)):
@@ -145,6 +154,11 @@ def markdown_summary(summary: Summary, *, report_name: str | None = None) -> str
         if comparison.references:
             out += ["", f"Reference measurements (baselines such as torch.compile) that moved, not "
                         f"counted as regressions: {len(comparison.references)}"]
+    goals = goals_of(summary.results)
+    if goals:
+        out += ["", f"**Performance {goals_line(goals)}**"]
+        for goal in [g for g in goals if not g.met][:SHOWN]:
+            out.append(f"- missed {md_escape(describe(goal), 300)}")
     checked = summary.stats.checked
     if checked:
         out += ["", f"{fmt_count(checked)} states/elements checked, worst abs error "
