@@ -22,6 +22,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -243,9 +244,22 @@ def run_dir(kind: str, leg: str, suffix: str = "", *, reports_dir: str = REPORTS
 
 
 def leg_run_dirs(kind: str, leg: str, *, reports_dir: str = REPORTS_DIR) -> list[str]:
-    """Every run directory a pipeline of ``kind`` may write for ``leg`` (the suites' and the
-    benchmarks'), whether or not this run's plan has the step that writes it."""
-    return [run_dir(kind, leg, suffix, reports_dir=reports_dir) for suffix in ("", "-bench")]
+    """Every run directory a pipeline of ``kind`` may write for ``leg`` (the suites' and, for the
+    kinds that time benchmarks after them, the benchmarks'), whether or not this run's plan has
+    the step that writes it."""
+    suffixes = ("", "-bench") if kind in ("verify", "gpu_verify") else ("",)
+    return [run_dir(kind, leg, suffix, reports_dir=reports_dir) for suffix in suffixes]
+
+
+LEG_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._+-]*")
+
+
+def leg_name(text: str) -> str:
+    """A version-leg name as given on the command line: letters, digits and ``._+-``, starting with
+    a letter or digit (it names directories under the reports folder)."""
+    if not LEG_NAME.fullmatch(text):
+        raise ValueError(f"a leg name is letters, digits and ._+- starting with a letter or digit; got {text!r}")
+    return text
 
 
 MAX_WORKERS_PER_GPU = 8

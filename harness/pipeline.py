@@ -198,7 +198,7 @@ def build_parser() -> argparse.ArgumentParser:
                                             "they are the run directories to render (default: all).",
                                      allow_abbrev=False)
     parser.add_argument("kind", choices=(*commands.KINDS, "report"))
-    parser.add_argument("--leg", default=None,
+    parser.add_argument("--leg", default=None, type=_leg_argument,
                         help="version-leg name (default: from the installed torch/triton and the device)")
     parser.add_argument("--reports-dir", default=commands.REPORTS_DIR)
     parser.add_argument("--baseline", default=None, help="baseline JSON for the report's regression table")
@@ -209,6 +209,13 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--timeout", type=int, default=commands.DEFAULT_TIMEOUT_S,
                         help="per-test timeout in seconds when pytest-timeout is installed (0: none)")
     return parser
+
+
+def _leg_argument(text: str) -> str:
+    try:
+        return commands.leg_name(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def main(argv: Sequence[str] | None = None) -> int:

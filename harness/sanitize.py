@@ -402,10 +402,12 @@ def unavailable_reason(sanitizer: str | None) -> str | None:
 
 
 def _executable(path: str) -> str:
-    """An argparse type for ``--sanitizer``: a file this user may execute."""
-    if not (os.path.isfile(path) and os.access(path, os.X_OK)):
-        raise argparse.ArgumentTypeError(f"not an executable file: {path}")
-    return path
+    """An argparse type for ``--sanitizer``: a file this user may execute, as a path or a name
+    found on PATH."""
+    found = shutil.which(path)
+    if found is None:
+        raise argparse.ArgumentTypeError(f"not an executable file, nor one on PATH: {path}")
+    return found
 
 
 def build_parser() -> argparse.ArgumentParser:

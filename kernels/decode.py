@@ -898,7 +898,7 @@ def _per_version(t: torch.Tensor, fn):
     if hit is not None and hit[0]() is t and hit[1] == version:
         return hit[2]
     if len(_PER_VERSION) > 256:
-        for stale in [k for k, v in _PER_VERSION.items() if v[0]() is None]:
+        for stale in [k for k, v in list(_PER_VERSION.items()) if v[0]() is None]:
             del _PER_VERSION[stale]
     value = fn(t)
     _PER_VERSION[key] = (weakref.ref(t), version, value)
@@ -946,29 +946,35 @@ def _check_extent(cache, held: list[int]) -> None:
         if n < 0 or quantized > capacity or n - quantized > window:
             raise ValueError(f"cache.seq_lens[{i}] = {n} exceeds what the cache holds ({capacity} quantized "
                              f"tokens and a residual window of {window})")
-    if paged and table.numel() and not _checked_before(table, held, cache.num_pages):
-        pages = -(-(torch.tensor(held) // g * g) // cache.page_size)  # pages each sequence reaches
-        entries = _host_copy(table)
-        reached = torch.arange(table.shape[1])[None, :] < pages[:, None]
-        bad = torch.nonzero(reached & ((entries < 0) | (entries >= cache.num_pages)))
-        if len(bad):
-            i, j = (int(x) for x in bad[0])
-            raise ValueError(f"cache.block_table[{i}, {j}] = {int(entries[i, j])} is not a page of the pool "
-                             f"(0 to {cache.num_pages - 1}); sequence {i} reaches its page {j}")
-        _TABLES_CHECKED[id(table)] = (weakref.ref(table), tensor_version(table), tuple(held), cache.num_pages)
+    if paged and table.numel():
+        limits = _valid_prefix(table, cache.num_pages)
+        for i, n in enumerate(held):
+            j = limits[i]
+            if -(-(n // g * g) // cache.page_size) > j:  # the pages sequence i reaches, past entry j
+                raise ValueError(f"cache.block_table[{i}, {j}] = {int(_host_copy(table)[i, j])} is not a page of "
+                                 f"the pool (0 to {cache.num_pages - 1}); sequence {i} reaches its page {j}")
 
 
-_TABLES_CHECKED: dict[int, tuple] = {}
+_PREFIXES: dict[int, tuple] = {}
 
 
-def _checked_before(table: torch.Tensor, held: list[int], pool: int) -> bool:
-    """Whether this GPU block table, at this version, passed with these lengths and pool size."""
-    hit = _TABLES_CHECKED.get(id(table))
-    if len(_TABLES_CHECKED) > 256:
-        _TABLES_CHECKED.clear()
+def _valid_prefix(table: torch.Tensor, pool: int) -> list[int]:
+    """Per row of a block table, how many leading entries are pages of a pool of ``pool`` pages
+    (the column of its first entry that is not, or the table's width). Computed once per version
+    of a GPU table and pool size, so that a decode step checks its lengths against it in O(B)."""
     version = tensor_version(table)
-    return (table.device.type != "cpu" and version is not None and hit is not None and hit[0]() is table
-            and hit[1:] == (version, tuple(held), pool))
+    hit = _PREFIXES.get(id(table))
+    if (table.device.type != "cpu" and version is not None and hit is not None and hit[0]() is table
+            and hit[1:3] == (version, pool)):
+        return hit[3]
+    entries = _host_copy(table)
+    cols = torch.arange(entries.shape[1]).expand_as(entries)
+    invalid = (entries < 0) | (entries >= pool)
+    limits = torch.where(invalid, cols, entries.shape[1]).amin(dim=1).tolist()
+    if len(_PREFIXES) > 256:
+        _PREFIXES.clear()
+    _PREFIXES[id(table)] = (weakref.ref(table), version, pool, limits)
+    return limits
 
 
 FP16_MAX = 65504.0
@@ -1192,10 +1198,14 @@ def decode_attention(
     refused; V scales below about 2^-8 for 3 bits (2^-14 for 2 and 4 bits; a 3-bit group
     spanning less than about 0.03) put even the largest weights among fp16's subnormals, which
     carry fewer bits (3 bits: about 1.5% of the largest output at V scales of 2^-10, 0.1% at
-    2^-6.5). For a CUDA cache the checks of its lengths, block table and scales, and the decode
-    arrangement of a contiguous cache's codes (:func:`kernels.paged.decode_view`), are computed
-    once per version of those tensors: write them with torch operations (which count
-    versions), not through ``.data``, DLPack or a kernel of your own, or pass a new tensor.
+    2^-6.5). For a CUDA cache the checks of its lengths, block table and scales (for fp32 scales,
+    one reduction over them each time they change), and the decode arrangement of a contiguous
+    cache's codes (:func:`kernels.paged.decode_view`), are computed once per version of those
+    tensors: write them with torch operations (which count versions), not through ``.data``,
+    DLPack or a kernel of your own, or pass a new tensor. Tensors made under
+    ``torch.inference_mode`` keep no version: the checks then run on every call (a copy of the
+    lengths to the host each call, so such a call cannot be captured in a CUDA graph), and the
+    decode arrangement follows the cache's own writes (``QuantizedKV.generation``).
     """
     lens_t, lens, held = _check_inputs(q, cache, seq_lens, sm_scale, num_splits, out)
     backend = resolve_backend(backend, q.device, BACKENDS)

@@ -496,6 +496,23 @@ def test_leg_run_dirs_hold_every_step_of_every_plan():
         dirs = commands.leg_run_dirs(kind, "L", reports_dir="R")
         assert all(step.results_dir in dirs for step in commands.plan(kind, python=PY, leg="L", gpus=gpus,
                                                                      reports_dir="R"))
+    # and nothing else: "bench-L-bench" would be the bench session's directory of a leg "L-bench"
+    assert commands.leg_run_dirs("bench", "L", reports_dir="R") == ["R/runs/bench-L"]
+    assert commands.leg_run_dirs("tests", "L", reports_dir="R") == ["R/runs/tests-L"]
+
+
+@pytest.mark.parametrize("leg", ["gpu-torch2.11.0+cu130-triton3.6.0", "cpu-torch2.13.0+cpu-triton3.9.0", "L"])
+def test_leg_names_as_the_legs_spell_them_are_taken(leg):
+    assert commands.leg_name(leg) == leg
+
+
+@pytest.mark.parametrize("leg", ["", ".", "..", "x/../..", "a b", "-rf", "../up"])
+def test_a_leg_name_that_is_no_plain_name_is_refused(leg, capsys):
+    with pytest.raises(ValueError, match="a leg name is"):
+        commands.leg_name(leg)
+    with pytest.raises(SystemExit):
+        pipeline.main(["tests", "--leg", leg])
+    assert "--leg" in capsys.readouterr().err
 
 
 def test_family_run_dirs(tmp_path):

@@ -325,6 +325,13 @@ def test_a_command_that_cannot_start_is_an_error_check(tmp_path):
         sanitize.build_parser().parse_args(["--sanitizer", str(tmp_path)])  # a directory
 
 
+def test_a_sanitizer_named_as_on_path_is_found(tmp_path, monkeypatch):
+    tool = _script(tmp_path / "compute-sanitizer", "exit 0\n")
+    monkeypatch.setenv("PATH", f"{tmp_path}{os.pathsep}{os.environ.get('PATH', '')}")
+    args = sanitize.build_parser().parse_args(["--sanitizer", "compute-sanitizer"])
+    assert args.sanitizer == str(tool)
+
+
 @pytest.mark.parametrize("option", [["--timeout", "0"], ["--timeout", "-5"], ["--jobs", "0"]])
 def test_limits_must_be_positive(option):
     with pytest.raises(SystemExit):
