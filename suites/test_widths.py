@@ -100,7 +100,10 @@ def test_batched_shapes_agree_with_the_reference(record, rng, device, backend, b
         shape = (*shape[:-1], shape[-1] * group)
     record.backend, record.device, record.variant = backend, device, f"{bits}bit-{layout}"
     values = torch.randint(0, 1 << bits, shape, generator=rng, dtype=torch.uint8)
-    expected = pack_bits(values, bits, layout=layout, backend="torch")
+    rows = [list(model_pack_row(row, bits)) for row in values.reshape(-1, shape[-1]).tolist()]
+    expected = torch.tensor(rows, dtype=torch.uint8).reshape(*shape[:-1], -1)  # from the format's definition
+    if layout == "word":
+        expected = expected.view(torch.int32)
     packed = pack_bits(values.to(device), bits, layout=layout, backend=backend)
     errors = count_bit_errors(packed.cpu(), expected)
     errors += count_bit_errors(unpack_bits(packed, bits, layout=layout, backend=backend).cpu(), values)
