@@ -885,22 +885,22 @@ def _decode_merge_kernel(
 _PER_VERSION: dict[tuple, tuple] = {}
 
 
-def _per_version(t: torch.Tensor, fn):
-    """fn(t), computed once per tensor object, version and fn for a GPU tensor (host values
-    without a sync on reuse; a write that bypasses torch's version counter, through ``.data``,
-    DLPack or another kernel, is not seen), every time for a CPU tensor or one made under
-    ``torch.inference_mode`` (no version counter)."""
+def _per_version(t: torch.Tensor, fn, *args):
+    """fn(t, *args), computed once per tensor object, version, fn and args for a GPU tensor (host
+    values without a sync on reuse; a write that bypasses torch's version counter, through
+    ``.data``, DLPack or another kernel, is not seen), every time for a CPU tensor or one made
+    under ``torch.inference_mode`` (no version counter)."""
     version = tensor_version(t)
     if t.device.type == "cpu" or version is None:
-        return fn(t)
-    key = (id(t), fn)
+        return fn(t, *args)
+    key = (id(t), fn, args)
     hit = _PER_VERSION.get(key)
     if hit is not None and hit[0]() is t and hit[1] == version:
         return hit[2]
     if len(_PER_VERSION) > 256:
         for stale in [k for k, v in list(_PER_VERSION.items()) if v[0]() is None]:
             del _PER_VERSION[stale]
-    value = fn(t)
+    value = fn(t, *args)
     _PER_VERSION[key] = (weakref.ref(t), version, value)
     return value
 
@@ -941,40 +941,28 @@ def _check_extent(cache, held: list[int]) -> None:
         capacity = table.shape[1] * cache.page_size
     else:
         capacity = cache.capacity
+    limits = _per_version(table, _valid_prefix, cache.num_pages) if paged else None
     for i, n in enumerate(held):
         quantized = n // g * g
         if n < 0 or quantized > capacity or n - quantized > window:
             raise ValueError(f"cache.seq_lens[{i}] = {n} exceeds what the cache holds ({capacity} quantized "
                              f"tokens and a residual window of {window})")
-    if paged and table.numel():
-        limits = _valid_prefix(table, cache.num_pages)
-        for i, n in enumerate(held):
+        if paged and -(-quantized // cache.page_size) > limits[i]:  # a page it reaches, past entry limits[i]
             j = limits[i]
-            if -(-(n // g * g) // cache.page_size) > j:  # the pages sequence i reaches, past entry j
-                raise ValueError(f"cache.block_table[{i}, {j}] = {int(_host_copy(table)[i, j])} is not a page of "
-                                 f"the pool (0 to {cache.num_pages - 1}); sequence {i} reaches its page {j}")
-
-
-_PREFIXES: dict[int, tuple] = {}
+            raise ValueError(f"cache.block_table[{i}, {j}] = {int(_host_copy(table)[i, j])} is not a page of "
+                             f"the pool (0 to {cache.num_pages - 1}); sequence {i} reaches its page {j}")
 
 
 def _valid_prefix(table: torch.Tensor, pool: int) -> list[int]:
     """Per row of a block table, how many leading entries are pages of a pool of ``pool`` pages
-    (the column of its first entry that is not, or the table's width). Computed once per version
-    of a GPU table and pool size, so that a decode step checks its lengths against it in O(B)."""
-    version = tensor_version(table)
-    hit = _PREFIXES.get(id(table))
-    if (table.device.type != "cpu" and version is not None and hit is not None and hit[0]() is table
-            and hit[1:3] == (version, pool)):
-        return hit[3]
+    (the column of its first entry that is not, or the table's width). Cached per version of a
+    GPU table (_per_version), so that a decode step checks its lengths against it in O(B)."""
     entries = _host_copy(table)
+    if entries.shape[1] == 0:
+        return [0] * entries.shape[0]
     cols = torch.arange(entries.shape[1]).expand_as(entries)
     invalid = (entries < 0) | (entries >= pool)
-    limits = torch.where(invalid, cols, entries.shape[1]).amin(dim=1).tolist()
-    if len(_PREFIXES) > 256:
-        _PREFIXES.clear()
-    _PREFIXES[id(table)] = (weakref.ref(table), version, pool, limits)
-    return limits
+    return torch.where(invalid, cols, entries.shape[1]).amin(dim=1).tolist()
 
 
 FP16_MAX = 65504.0

@@ -54,6 +54,11 @@ class CacheLengths:
         return self.seq_lens - self.quantized_lens()
 
 
+def _require_count(name: str, value) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ValueError(f"{name} must be a non-negative int; got {value!r}")
+
+
 @dataclass
 class QuantizedKV(CacheLengths):
     bits: int
@@ -112,8 +117,7 @@ class QuantizedKV(CacheLengths):
         _check_config(bits, group_size, scale_dtype)
         _check_head_dim(head_dim, group_size)
         for name, value in (("batch", batch), ("heads", heads), ("capacity", capacity)):
-            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-                raise ValueError(f"{name} must be a non-negative int; got {value!r}")
+            _require_count(name, value)
         if head_dim <= 0:
             raise ValueError(f"head_dim must be positive; got {head_dim}")
         if dtype not in INPUT_DTYPES:
@@ -139,8 +143,7 @@ class QuantizedKV(CacheLengths):
     def reserve(self, capacity: int) -> None:
         """Grow the token capacity of the codes to at least ``capacity`` (rounded up to whole
         groups), keeping every stored value; never shrinks."""
-        if isinstance(capacity, bool) or not isinstance(capacity, int) or capacity < 0:
-            raise ValueError(f"capacity must be a non-negative int; got {capacity!r}")
+        _require_count("capacity", capacity)
         g = self.group_size
         capacity = -(-capacity // g) * g
         if capacity <= self.capacity:

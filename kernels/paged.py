@@ -605,37 +605,41 @@ def decode_view(cache: QuantizedKV, *, tile: int | None = None, warps: int | Non
     fp = _fingerprint(cache)
     hit = _VIEWS.get(key)
     if hit is not None and hit[0]() is cache and hit[1] == fp:
-        view = hit[2]  # the residual window and lengths are the cache's own, whatever they are now
-        view.k_residual, view.v_residual, view.seq_lens = cache.k_residual, cache.v_residual, cache.seq_lens
-        return view
+        view = hit[2]
+    else:
+        view = _arranged(cache, tile, warps)
+        if not any(k[0] == key[0] for k in _VIEWS):
+            weakref.finalize(cache, _forget, key[0])
+        _VIEWS[key] = (weakref.ref(cache), fp, view)
+    # the residual window and lengths are the cache's own tensors, whichever they are at this call
+    view.k_residual, view.v_residual, view.seq_lens = cache.k_residual, cache.v_residual, cache.seq_lens
+    return view
+
+
+def _arranged(cache: QuantizedKV, tile: int, warps: int) -> PagedQuantizedKV:
+    """A new decode arrangement of a contiguous cache (decode_view): one page per sequence."""
     b, cap = cache.batch, cache.capacity
     if cap % tile or cap % cache.group_size or cap == 0:
         page = max(-(-cap // tile) * tile, tile, cache.group_size)
         page = -(-page // cache.group_size) * cache.group_size
-        view = paged_from_contiguous(cache, page, tile=tile, warps=warps)
-    else:
-        view = PagedQuantizedKV(
-            bits=cache.bits,
-            group_size=cache.group_size,
-            page_size=cap,
-            tile=tile,
-            warps=warps,
-            k_words=words_from_codes(cache.k_codes, cache.bits, "k", tile, warps),
-            k_scale=cache.k_scale,
-            k_zero=cache.k_zero,
-            v_words=words_from_codes(cache.v_codes, cache.bits, "v", tile, warps),
-            v_scale=cache.v_scale,
-            v_zero=cache.v_zero,
-            k_residual=cache.k_residual,
-            v_residual=cache.v_residual,
-            block_table=torch.arange(b, dtype=torch.int32, device=cache.device).reshape(b, 1),
-            seq_lens=cache.seq_lens,
-        )
-    view.k_residual, view.v_residual, view.seq_lens = cache.k_residual, cache.v_residual, cache.seq_lens
-    if not any(k[0] == key[0] for k in _VIEWS):
-        weakref.finalize(cache, _forget, key[0])
-    _VIEWS[key] = (weakref.ref(cache), fp, view)
-    return view
+        return paged_from_contiguous(cache, page, tile=tile, warps=warps)
+    return PagedQuantizedKV(
+        bits=cache.bits,
+        group_size=cache.group_size,
+        page_size=cap,
+        tile=tile,
+        warps=warps,
+        k_words=words_from_codes(cache.k_codes, cache.bits, "k", tile, warps),
+        k_scale=cache.k_scale,
+        k_zero=cache.k_zero,
+        v_words=words_from_codes(cache.v_codes, cache.bits, "v", tile, warps),
+        v_scale=cache.v_scale,
+        v_zero=cache.v_zero,
+        k_residual=cache.k_residual,
+        v_residual=cache.v_residual,
+        block_table=torch.arange(b, dtype=torch.int32, device=cache.device).reshape(b, 1),
+        seq_lens=cache.seq_lens,
+    )
 
 
 def _forget(cache_id: int) -> None:
