@@ -35,7 +35,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from . import commands, timeline
-from .records import read_manifest
+from .records import BASELINE_FORMAT, read_manifest
 
 NO_CUDA_EXIT = 3
 FALLBACK_NOTICE = "no CUDA device: running in the Triton interpreter on CPU"
@@ -80,7 +80,6 @@ def visible_devices(count: int, environ=os.environ) -> list[str]:
 
 
 STATIC_BASELINE = "static-budget.json"  # machine-code figures per interpreter leg (no timings)
-BASELINE_FORMAT = "kvh-baseline"  # the "format" of a baseline file (harness/report/baseline.py)
 
 
 def without_local_versions(name: str) -> str:

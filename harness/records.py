@@ -29,6 +29,7 @@ SCHEMA_VERSION = 1
 OUTCOMES = ("passed", "failed", "error", "skipped", "crashed", "timeout")
 RECORDS_FILE = "records.jsonl"
 MANIFEST_FILE = "manifest.json"
+BASELINE_FORMAT = "kvh-baseline"  # the "format" of a baseline file (harness/report/baseline.py)
 
 # Metric names every suite uses the same way (others are free-form).
 STANDARD_METRICS = {

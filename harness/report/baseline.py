@@ -42,12 +42,12 @@ from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..records import OUTCOMES, Record, utc_now, write_json_atomic
+from ..records import BASELINE_FORMAT, OUTCOMES, Record, utc_now, write_json_atomic
 from .fmt import clean_text, to_float
 from .load import BAD_OUTCOMES, ResultSet, Run
 from .summary import ERROR_METRICS, is_reference, suite_name, worst
 
-FORMAT = "kvh-baseline"
+FORMAT = BASELINE_FORMAT
 VERSION = 1
 DEFAULT_THRESHOLD_PCT = 10.0
 DEFAULT_ERROR_FACTOR = 2.0
