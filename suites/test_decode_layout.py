@@ -300,12 +300,13 @@ def test_view_is_cached_and_follows_appends(record):
     _record(record, states_checked=3, bit_errors=0)
 
 
-def test_view_follows_the_cache_under_inference_mode(record):
+@pytest.mark.parametrize("device", device_params())
+def test_view_follows_the_cache_under_inference_mode(record, device):
     """Tensors made under torch.inference_mode keep no version counter: the view is rebuilt by
     the cache's own write count (an append that completes a group), kept otherwise, and decodes
     as the reference does."""
-    k, v = random_kv(1, 2, 140, 64, seed=211)
-    q = torch.randn(1, 2, 64, generator=torch.Generator().manual_seed(212)).half()
+    k, v = random_kv(1, 2, 140, 64, seed=211, device=device)
+    q = torch.randn(1, 2, 64, generator=torch.Generator().manual_seed(212)).half().to(device)
     with torch.inference_mode():
         cache = kernels.quantize_kv(k[:, :, :100], v[:, :, :100], 3, backend="torch", capacity=128)
         first = paged.decode_view(cache)
@@ -316,22 +317,25 @@ def test_view_follows_the_cache_under_inference_mode(record):
         out = kernels.decode_attention(q, cache, backend="triton")
         err = float((out.double() - kernels.decode.reference_decode(q, cache)).abs().max())
     assert err <= 2e-3
-    _record(record, states_checked=out.numel(), max_abs_err=err)
+    record.backend, record.device, record.variant = "triton", device, "layout"
+    record.add(states_checked=out.numel(), max_abs_err=err)
 
 
-def test_view_takes_the_caches_residual_window_as_it_is_now(record):
+@pytest.mark.parametrize("device", device_params())
+def test_view_takes_the_caches_residual_window_as_it_is_now(record, device):
     """A cached view decodes with the residual tensors the cache holds now, also when they were
     replaced by new tensors after the view was built."""
-    k, v = random_kv(1, 1, 100, 64, seed=213)
+    k, v = random_kv(1, 1, 100, 64, seed=213, device=device)
     cache = kernels.quantize_kv(k, v, 3, backend="torch")
     paged.decode_view(cache)
     cache.k_residual = torch.randn_like(cache.k_residual)
     cache.v_residual = torch.randn_like(cache.v_residual)
-    q = torch.randn(1, 1, 64, generator=torch.Generator().manual_seed(214)).half()
+    q = torch.randn(1, 1, 64, generator=torch.Generator().manual_seed(214)).half().to(device)
     out = kernels.decode_attention(q, cache, backend="triton")
     err = float((out.double() - kernels.decode.reference_decode(q, cache)).abs().max())
     assert err <= 2e-3
-    _record(record, states_checked=out.numel(), max_abs_err=err)
+    record.backend, record.device, record.variant = "triton", device, "layout"
+    record.add(states_checked=out.numel(), max_abs_err=err)
 
 
 def test_a_layout_given_in_part_keeps_what_was_given(record):
