@@ -1069,21 +1069,24 @@ def split_plan(batch: int, kv_heads: int, max_code_len: int, block_t: int, devic
     return -(-tiles // per), per
 
 
-def _triton_decode(q, view: PagedQuantizedKV, lens, cache_lens, max_code_len, sm_scale, num_splits, out):
-    batch, hq, d = q.shape
-    hkv, g = view.heads, view.group_size
-    group = hq // hkv
-    block_t = view.tile
-    splits, per = split_plan(batch, hkv, max_code_len, block_t, q.device, num_splits, view.warps)
-    parts = splits + 1
-    mid_o = torch.empty(batch, hq, parts, d, dtype=torch.float32, device=q.device)
-    mid_lse = torch.empty(batch, hq, parts, dtype=torch.float32, device=q.device)
+def partial_buffers(batch: int, q_heads: int, d: int, splits: int, device) -> tuple[torch.Tensor, torch.Tensor]:
+    """The split kernel's outputs for ``splits`` code splits and the residual window: mid_o fp32
+    [B, Hq, splits + 1, D] and mid_lse fp32 [B, Hq, splits + 1] (NaN in the interpreter, so that a
+    partial never written shows)."""
+    mid_o = torch.empty(batch, q_heads, splits + 1, d, dtype=torch.float32, device=device)
+    mid_lse = torch.empty(batch, q_heads, splits + 1, dtype=torch.float32, device=device)
     if triton_interpreted():
         mid_o.fill_(float("nan"))
         mid_lse.fill_(float("nan"))
+    return mid_o, mid_lse
+
+
+def split_launch(view: PagedQuantizedKV, group: int, lens: torch.Tensor, cache_lens: torch.Tensor,
+                 mid_o: torch.Tensor, mid_lse: torch.Tensor, sm_scale: float, splits: int, per: int):
+    """(grid, arguments after q and its two strides, constexpr and launch options) of
+    _decode_split_kernel over ``view`` for ``group`` query heads per kv head."""
     kr, vr = view.k_residual, view.v_residual
-    _decode_split_kernel[(parts, hkv, batch)](
-        q, q.stride(0), q.stride(1),
+    args = (
         view.k_words, *view.k_words.stride()[:3],
         view.k_scale, view.k_zero, *view.k_scale.stride()[:3],
         view.v_words, *view.v_words.stride()[:3],
@@ -1093,17 +1096,33 @@ def _triton_decode(q, view: PagedQuantizedKV, lens, cache_lens, max_code_len, sm
         lens, cache_lens,
         mid_o, mid_lse, *mid_o.stride()[:3], *mid_lse.stride()[:2],
         sm_scale * LOG2E, view.page_size, splits, per,
-        GROUP=group, QROWS=fold_rows(group), COLS=mma_columns(group), VCOLS=weight_columns(group), D=d, G=g,
-        BITS=view.bits,
-        CLASSES=code_classes(block_t), SCALE_WORDS=scale_words(view),
-        BLOCK_T=block_t, WARPS=view.warps, INTERPRET=triton_interpreted(),
+    )
+    options = dict(
+        GROUP=group, QROWS=fold_rows(group), COLS=mma_columns(group), VCOLS=weight_columns(group), D=view.head_dim,
+        G=view.group_size, BITS=view.bits, CLASSES=code_classes(view.tile), SCALE_WORDS=scale_words(view),
+        BLOCK_T=view.tile, WARPS=view.warps, INTERPRET=triton_interpreted(),
         num_warps=view.warps, num_stages=NUM_STAGES, **({"maxnreg": MAX_REGISTERS} if MAX_REGISTERS else {}),
     )
+    return (splits + 1, view.heads, mid_o.shape[0]), args, options
+
+
+def merge_launch(mid_o: torch.Tensor, mid_lse: torch.Tensor, out_strides: tuple[int, int]):
+    """(grid, arguments after mid_o, mid_lse and out, constexprs) of _decode_merge_kernel writing an
+    output [B, Hq, D] of strides (out_strides, 1)."""
+    batch, hq, parts, d = mid_o.shape
     dm = min(d, MERGE_COLUMNS)
-    _decode_merge_kernel[(hq, batch, d // dm)](
-        mid_o, mid_lse, out, *mid_o.stride()[:3], *mid_lse.stride()[:2], out.stride(0), out.stride(1),
-        parts, DM=dm, PARTS=triton.next_power_of_2(parts), num_warps=MERGE_WARPS,
-    )
+    args = (*mid_o.stride()[:3], *mid_lse.stride()[:2], *out_strides, parts)
+    return (hq, batch, d // dm), args, dict(DM=dm, PARTS=triton.next_power_of_2(parts), num_warps=MERGE_WARPS)
+
+
+def _triton_decode(q, view: PagedQuantizedKV, lens, cache_lens, max_code_len, sm_scale, num_splits, out):
+    batch, hq, d = q.shape
+    splits, per = split_plan(batch, view.heads, max_code_len, view.tile, q.device, num_splits, view.warps)
+    mid_o, mid_lse = partial_buffers(batch, hq, d, splits, q.device)
+    grid, args, options = split_launch(view, hq // view.heads, lens, cache_lens, mid_o, mid_lse, sm_scale, splits, per)
+    _decode_split_kernel[grid](q, q.stride(0), q.stride(1), *args, **options)
+    grid, args, options = merge_launch(mid_o, mid_lse, out.stride()[:2])
+    _decode_merge_kernel[grid](mid_o, mid_lse, out, *args, **options)
     return out
 
 
