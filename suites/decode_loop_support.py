@@ -1,0 +1,258 @@
+"""The decode step as a model runs it, timed: shared by the decode-step benchmark and
+scripts/gpu_decode_loop.py.
+
+A step appends one token to every sequence and attends with one query token per sequence.
+kvbits: :class:`kernels.page_cache.PagedKVCache` (append + attend), eager and replayed from one
+captured CUDA graph. fp16: a preallocated fp16 cache, the token written in place and flash SDPA
+over the tokens so far (eager), or a captured step at the starting length (graph: SDPA takes no
+device-side length, so a graph of it attends a fixed length).
+"""
+
+from __future__ import annotations
+
+import time
+
+import torch
+import torch.nn.functional as F
+
+from kernels.page_cache import PagedKVCache
+
+PAGE = 256  # tokens per page of the benchmarks' pools
+SOURCES = 8  # distinct token and query tensors a timed loop cycles through
+
+
+def percentiles(ms: list[float]) -> dict:
+    """median, p99, max and mean of per-step times (nearest rank)."""
+    xs = sorted(ms)
+
+    def pick(p: float) -> float:
+        return xs[min(len(xs) - 1, int(round(p * (len(xs) - 1))))]
+
+    return {"median": pick(0.5), "p99": pick(0.99), "max": xs[-1], "mean": sum(xs) / len(xs), "n": len(xs)}
+
+
+def prompt_cache(batch: int, heads: int, seq: int, dim: int, *, extra: int, device, bits: int = 3,
+                 group_size: int = 64, seed: int = 0) -> PagedKVCache:
+    """A cache of ``batch`` sequences, each added with a random prompt of ``seq`` tokens, with pages
+    for ``extra`` more tokens each."""
+    gen = torch.Generator(device=device).manual_seed(seed)
+    pages = batch * (-(-(seq + extra) // PAGE) + 1)
+    cache = PagedKVCache(pages, PAGE, heads, dim, max_seqs=batch, bits=bits, group_size=group_size, device=device)
+    for _ in range(batch):
+        k = torch.randn(heads, seq, dim, generator=gen, device=device, dtype=torch.float16)
+        v = torch.randn(heads, seq, dim, generator=gen, device=device, dtype=torch.float16)
+        cache.add_sequence(k, v)
+    return cache
+
+
+def step_inputs(batch: int, q_heads: int, kv_heads: int, dim: int, device, *, seed: int = 1):
+    """SOURCES token tensors [B, Hkv, D] and queries [B, Hq, D] (fp16, random)."""
+    gen = torch.Generator(device=device).manual_seed(seed)
+    toks = [torch.randn(batch, kv_heads, dim, generator=gen, device=device, dtype=torch.float16)
+            for _ in range(SOURCES)]
+    qs = [torch.randn(batch, q_heads, dim, generator=gen, device=device, dtype=torch.float16)
+          for _ in range(SOURCES)]
+    return toks, qs
+
+
+def timed_steps(step, n: int) -> tuple[list[float], float]:
+    """(per-step ms, wall ms per step) of ``n`` calls step(i): CUDA events between steps on a GPU
+    (host gaps included where the host is slower), the wall clock on CPU."""
+    if not torch.cuda.is_available():
+        per = []
+        for i in range(n):
+            t0 = time.perf_counter()
+            step(i)
+            per.append((time.perf_counter() - t0) * 1e3)
+        return per, sum(per) / n
+    events = [torch.cuda.Event(enable_timing=True) for _ in range(n + 1)]
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    events[0].record()
+    for i in range(n):
+        step(i)
+        events[i + 1].record()
+    torch.cuda.synchronize()
+    wall = (time.perf_counter() - t0) * 1e3 / n
+    return [events[i].elapsed_time(events[i + 1]) for i in range(n)], wall
+
+
+def _captured(fn) -> torch.cuda.CUDAGraph:
+    """fn run once on a side stream (warm-up, as torch.cuda.graph asks), then captured."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        fn()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        fn()
+    return graph
+
+
+def kvbits_steps(cache: PagedKVCache, toks, qs, steps: int) -> dict:
+    """Eager steps, then (on a GPU) steps replayed from one captured step: per-step percentiles and
+    wall ms per step of each; the cache grows by 2 * steps + 2 tokens."""
+    cache.reserve(steps + 1)
+
+    def eager(i):
+        cache.append(toks[i % SOURCES], toks[(i + 3) % SOURCES])
+        cache.attend(qs[i % SOURCES])
+
+    eager(0)
+    per, wall = timed_steps(eager, steps)
+    figures = {"eager": {**percentiles(per), "wall": wall}}
+    if not torch.cuda.is_available():
+        return figures
+    kb, vb, qb = toks[0].clone(), toks[1].clone(), qs[0].clone()
+    ob = torch.empty_like(qb)
+    cache.reserve(steps + 1)
+
+    def step():
+        cache.append(kb, vb)
+        cache.attend(qb, out=ob)
+
+    graph = _captured(step)
+    per, wall = timed_steps(lambda i: graph.replay(), steps)
+    cache.advance(steps)
+    figures["graph"] = {**percentiles(per), "wall": wall}
+    figures["out"] = ob
+    return figures
+
+
+def fp16_steps(batch: int, q_heads: int, kv_heads: int, seq: int, dim: int, steps: int, device) -> dict:
+    """The fp16 step: a preallocated fp16 cache of seq + steps tokens, eager (flash SDPA over the
+    tokens so far) and, on a GPU, replayed from one captured step at length seq + 1."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    gen = torch.Generator(device=device).manual_seed(seq + 1)
+    cap = seq + steps + 2
+    ck = torch.randn(batch, kv_heads, cap, dim, generator=gen, device=device, dtype=torch.float16)
+    cv = torch.randn(batch, kv_heads, cap, dim, generator=gen, device=device, dtype=torch.float16)
+    toks, qs = step_inputs(batch, q_heads, kv_heads, dim, device, seed=seq + 2)
+    backends = [SDPBackend.FLASH_ATTENTION] if device == "cuda" else [SDPBackend.MATH]
+
+    def attend(q, n):
+        with sdpa_kernel(backends):
+            return F.scaled_dot_product_attention(q[:, :, None], ck[:, :, :n], cv[:, :, :n],
+                                                  enable_gqa=q_heads != kv_heads)
+
+    def eager(i):
+        pos = seq + i
+        ck[:, :, pos] = toks[i % SOURCES]
+        cv[:, :, pos] = toks[(i + 3) % SOURCES]
+        attend(qs[i % SOURCES], pos + 1)
+
+    eager(0)
+    per, wall = timed_steps(eager, steps)
+    figures = {"eager": {**percentiles(per), "wall": wall}}
+    if device != "cuda":
+        return figures
+    pos = torch.tensor([seq], device=device)
+    kb, vb, qb = toks[0][:, :, None].clone(), toks[1][:, :, None].clone(), qs[0].clone()
+
+    def fixed():
+        ck.index_copy_(2, pos, kb)
+        cv.index_copy_(2, pos, vb)
+        attend(qb, seq + 1)
+
+    graph = _captured(fixed)
+    per, wall = timed_steps(lambda i: graph.replay(), steps)
+    figures["graph"] = {**percentiles(per), "wall": wall}
+    return figures
+
+
+def serving_batch(steps: int, *, sequences: int, prompts: tuple[int, int], new_tokens: tuple[int, int],
+                  q_heads: int, kv_heads: int, dim: int, device, seed: int = 5) -> dict:
+    """A serving batch: ``sequences`` live sequences with prompts of ``prompts`` tokens (a range),
+    each finishing after ``new_tokens`` new ones (a range) and replaced by a new sequence with a
+    fresh prompt, one eager step (append + attend, a new plan when the batch changes) at a time.
+    Returns decode tokens per second, per-step percentiles (wall clock, synchronized), prefill
+    seconds and the pool's bytes."""
+    import random
+
+    rnd = random.Random(seed)
+    gen = torch.Generator(device=device).manual_seed(seed)
+    arrivals = [(rnd.randint(*prompts), rnd.randint(*new_tokens))
+                for _ in range(sequences * (2 + steps // new_tokens[0]))]  # every join the steps can need
+    longest = max(p + n for p, n in arrivals) + 1
+    cache = PagedKVCache(sequences * (-(-longest // PAGE) + 1), PAGE, kv_heads, dim, max_seqs=sequences,
+                         device=device)
+    queue = iter(arrivals)
+    left: dict[int, int] = {}
+    prefill = 0.0
+
+    def sync():
+        if device == "cuda":
+            torch.cuda.synchronize()
+
+    def join():
+        nonlocal prefill
+        prompt, new = next(queue)
+        k = torch.randn(kv_heads, prompt, dim, generator=gen, device=device, dtype=torch.float16)
+        sync()
+        t0 = time.perf_counter()
+        left[cache.add_sequence(k, k.clone())] = new
+        sync()
+        prefill += time.perf_counter() - t0
+
+    for _ in range(sequences):
+        join()
+    tok = torch.randn(sequences, kv_heads, dim, generator=gen, device=device, dtype=torch.float16)
+    q = torch.randn(sequences, q_heads, dim, generator=gen, device=device, dtype=torch.float16)
+    per_step, generated = [], 0
+    for _ in range(steps):
+        n = len(cache.sequences)
+        sync()
+        t0 = time.perf_counter()
+        cache.append(tok[:n], tok[:n])
+        cache.attend(q[:n])
+        sync()
+        per_step.append((time.perf_counter() - t0) * 1e3)
+        generated += n
+        for sid in cache.sequences:
+            left[sid] -= 1
+            if left[sid] == 0:
+                del left[sid]
+                cache.free(sid)
+                join()
+    cache.check_errors()
+    return {"tokens_per_s": generated / (sum(per_step) / 1e3), "step_ms": percentiles(per_step),
+            "prefill_s": prefill, "nbytes": cache.nbytes(), "lengths": cache.lengths()}
+
+
+def fp16_batch(steps: int, *, sequences: int, prompts: tuple[int, int], q_heads: int, kv_heads: int, dim: int,
+               device, seed: int = 5) -> dict:
+    """The fp16 counterpart of a serving batch's steps: a preallocated fp16 cache per sequence, the
+    token written at its length and flash SDPA over each sequence's own tokens (torch has no
+    ragged decode call: one SDPA per sequence). Tokens per second over ``steps`` synchronized
+    steps."""
+    import random
+
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    rnd = random.Random(seed)
+    gen = torch.Generator(device=device).manual_seed(seed)
+    lens = [rnd.randint(*prompts) for _ in range(sequences)]
+    longest = max(lens) + steps + 1
+    ck = torch.randn(sequences, kv_heads, longest, dim, generator=gen, device=device, dtype=torch.float16)
+    cv = torch.randn_like(ck)
+    tok = torch.randn(sequences, kv_heads, dim, generator=gen, device=device, dtype=torch.float16)
+    q = torch.randn(sequences, q_heads, 1, dim, generator=gen, device=device, dtype=torch.float16)
+    backends = [SDPBackend.FLASH_ATTENTION] if device == "cuda" else [SDPBackend.MATH]
+    per_step = []
+    for _ in range(steps):
+        if device == "cuda":
+            torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        for i, n in enumerate(lens):
+            ck[i, :, n] = tok[i]
+            cv[i, :, n] = tok[i]
+            with sdpa_kernel(backends):
+                F.scaled_dot_product_attention(q[i:i + 1], ck[i:i + 1, :, :n + 1], cv[i:i + 1, :, :n + 1],
+                                               enable_gqa=q_heads != kv_heads)
+        lens = [n + 1 for n in lens]
+        if device == "cuda":
+            torch.cuda.synchronize()
+        per_step.append((time.perf_counter() - t0) * 1e3)
+    return {"tokens_per_s": sequences * steps / (sum(per_step) / 1e3), "step_ms": percentiles(per_step)}
