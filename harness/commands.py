@@ -116,7 +116,7 @@ INTERPRETER_LEGS: tuple[InterpreterLeg, ...] = (
 
 GPU_LEGS: tuple[GpuLeg, ...] = (
     GpuLeg("2.8.0", "3.4.0", "12.8.1", "cu128"),
-    GpuLeg("2.11.0", "3.6.0", "13.0.1", "cu130"),  # the reference H200 stack (DESIGN section 9)
+    GpuLeg("2.11.0", "3.6.0", "13.0.1", "cu130"),  # the reference H200 stack (docs/design.md section 9)
     GpuLeg("2.14.1", "3.8.0", "13.0.1", "cu130"),
 )
 

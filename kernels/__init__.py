@@ -1,6 +1,6 @@
 """Low-bit KV-cache kernels: b-bit packing, affine and INT8 quantization, fused decoding.
 
-Public API (DESIGN section 4)::
+Public API (docs/design.md section 4)::
 
     kernels.pack_bits(values, bits=3, *, layout="byte", backend=None)
     kernels.unpack_bits(packed, bits=3, *, layout="byte", backend=None)

@@ -1,4 +1,4 @@
-"""Affine b-bit quantization of K and V into the packed cache (DESIGN section 5).
+"""Affine b-bit quantization of K and V into the packed cache (docs/design.md section 5).
 
 Scheme, defined once and kept bit for bit by the torch reference and the Triton
 kernel. For each group of values x (fp16 / bf16 / fp32 input, computed in fp32)::

@@ -1,4 +1,4 @@
-"""Fused low-bit flash-decoding over the packed KV cache (DESIGN section 6).
+"""Fused low-bit flash-decoding over the packed KV cache (docs/design.md section 6).
 
 ``decode_attention(q, cache, *, seq_lens=None, sm_scale=None, backend=None)``:
 one query token per sequence, q ``[B, Hq, D]`` fp16/bf16, against a

@@ -1,4 +1,4 @@
-"""INT8 per-channel symmetric quantization of a KV matrix (DESIGN section 5, second seed).
+"""INT8 per-channel symmetric quantization of a KV matrix (docs/design.md section 5).
 
 Shapes: ``x`` is ``[T, D]`` (tokens x channels) float32, float16 or bfloat16; ``scales`` is
 ``[D]`` float32; codes ``q`` are ``[T, D]`` int8; ``dequantize_per_channel`` returns ``[T, D]``

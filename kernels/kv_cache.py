@@ -5,7 +5,7 @@ With B sequences, H kv heads, head_dim D, bits b, group size G and a token
 capacity S_cap (a multiple of G)::
 
     k_codes   uint8 [B, H, S_cap, D*b/8]   K codes of each token, packed along D in the
-                                           canonical LSB-first stream (DESIGN section 3)
+                                           canonical LSB-first stream (docs/design.md section 3)
     k_scale   sdt   [B, H, S_cap/G, D]     K is quantized per channel, grouped along tokens:
     k_zero    sdt   [B, H, S_cap/G, D]     group g covers tokens [g*G, (g+1)*G)
     v_codes   uint8 [B, H, S_cap, D*b/8]   V codes, packed along D likewise

@@ -1,4 +1,4 @@
-"""Bit-exact b-bit packing (b = 1..8) in the canonical LSB-first stream (DESIGN section 3).
+"""Bit-exact b-bit packing (b = 1..8) in the canonical LSB-first stream (docs/design.md section 3).
 
 A row of N unsigned b-bit values is one little-endian bit stream: value i holds
 bits [b*i, b*i + b). Two views of the same bytes:

@@ -1,7 +1,7 @@
 """The paged cache that the fused decode kernel reads, and its bijection with :class:`QuantizedKV`.
 
 Two rearrangements of the same codes, both invertible and tested against the
-canonical format (DESIGN section 3):
+canonical format (docs/design.md section 3):
 
 **Decode tile arrangement.** The canonical stream packs value i of a row at bits
 [b*i, b*i + b). The kernel instead reads tiles of ``tile`` tokens (16, 32 or 64), and
