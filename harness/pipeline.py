@@ -138,6 +138,24 @@ def all_run_dirs(reports_dir: str) -> list[str]:
     return sorted(d for kind in commands.KINDS for d in family_run_dirs(kind, reports_dir))
 
 
+HISTORY_KINDS = ("gpu_verify", "bench")  # the GPU runs kept in the run history (harness.history)
+
+
+def record_history(run_dirs: Sequence[str], path: Path | None = None) -> list[str]:
+    """Append a run's directories to the run history and say so; a history that cannot be used is
+    said, never fatal (the run's report stands on its own)."""
+    from . import history
+
+    target = history.history_path() if path is None else path
+    try:
+        added = history.add_runs(run_dirs, target)
+    except history.HistoryError as exc:
+        _say(f"history: {exc}; this run is not in it")
+        return []
+    _say(f"history: {len(added)} run(s) added to {target}")
+    return added
+
+
 def _say(text: str) -> None:
     print(f"[kvh] {text}", flush=True)
 
@@ -294,6 +312,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                  "(--baseline or $KVH_BASELINE names one); no regression is checked")
         failed |= render(family_run_dirs(args.kind, args.reports_dir), args.reports_dir, baseline,
                          timings, python, steps=str(steps_file)) != 0
+        if gpus and args.kind in HISTORY_KINDS:
+            record_history(family_run_dirs(args.kind, args.reports_dir))
         wall = write_steps()
         _print_table(timings, wall)
     _say(f"{args.kind}: {'FAILED' if failed else 'passed'} in {wall:.1f} s; report {args.reports_dir}/report.html")

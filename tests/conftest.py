@@ -11,6 +11,15 @@ from synthetic import write_legs
 ROOT = Path(__file__).resolve().parent.parent
 
 
+@pytest.fixture(autouse=True)
+def private_history(tmp_path, monkeypatch) -> Path:
+    """Each test's own run history (harness.history): a pipeline a test runs on a pretend GPU never
+    writes into the user's."""
+    path = tmp_path / "history.sqlite"
+    monkeypatch.setenv("KVH_HISTORY", str(path))
+    return path
+
+
 @pytest.fixture
 def legs(tmp_path) -> list[Path]:
     """Three run directories (two GPU legs, one killed interpreter leg); fresh per test."""

@@ -51,6 +51,15 @@ def test_no_bench_leaves_no_earlier_benchmarks_in_the_report(rendered):
     assert not Path(bench).exists()
 
 
+def test_a_gpu_run_goes_into_the_run_history(rendered, private_history, capsys):
+    from harness import history
+
+    assert pipeline.main(["gpu_verify"]) == 0
+    assert "history: 2 run(s) added" in capsys.readouterr().out
+    assert {r["leg"] for r in history.runs(private_history)} == {INSTALLED}
+    assert len(history.runs(private_history)) == 2  # the suites and the benchmarks
+
+
 def test_a_leg_without_a_baseline_says_so(rendered, capsys):
     assert pipeline.main(["gpu_verify", "--leg", PINNED]) == 0
     assert rendered[-1]["baseline"] is None

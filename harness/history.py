@@ -1,0 +1,237 @@
+"""The run history: every recorded GPU run's cases in one SQLite database (the standard library's
+``sqlite3``), for rolling baselines and trends over many runs.
+
+``python -m harness.history add RUN_DIR...`` appends run directories (``records.jsonl`` and
+``manifest.json``, harness.records); ``list`` lists the runs; ``export --format csv|json``
+writes every case; ``prune --keep N`` keeps the newest N runs of each (leg, GPU). The database is
+``$KVH_HISTORY`` (default ``~/.cache/kvbits/history.sqlite``).
+
+Durability: the database runs in WAL mode with a busy timeout, so several runners or processes
+may write at once; each run goes in as one transaction, so a process killed mid-write leaves the
+database as it was before that run; a run already present is not added twice. A database that is
+locked past the timeout, unreadable or not a database raises :class:`HistoryError` saying which
+file and what to do; callers report it and go on (a run's report never depends on the history).
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import os
+import sqlite3
+import sys
+from collections.abc import Iterable, Sequence
+from contextlib import closing
+from pathlib import Path
+
+from .records import MANIFEST_FILE, RECORDS_FILE, read_manifest, read_records
+
+DEFAULT_PATH = Path("~/.cache/kvbits/history.sqlite")
+BUSY_TIMEOUT_S = 30.0
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS runs (
+    run_id TEXT PRIMARY KEY, leg TEXT, mode TEXT, gpu TEXT, commit_sha TEXT, torch TEXT, triton TEXT,
+    started TEXT, finished TEXT, complete INTEGER
+);
+CREATE TABLE IF NOT EXISTS cases (
+    run_id TEXT NOT NULL REFERENCES runs(run_id) ON DELETE CASCADE, suite TEXT, nodeid TEXT, variant TEXT,
+    backend TEXT, device TEXT, outcome TEXT, duration_s REAL, metrics TEXT
+);
+CREATE INDEX IF NOT EXISTS cases_by_case ON cases (nodeid, variant);
+"""
+CASE_COLUMNS = ("run_id", "leg", "gpu", "commit_sha", "started", "suite", "nodeid", "variant", "backend", "device",
+                "outcome", "duration_s", "metrics")
+
+
+class HistoryError(RuntimeError):
+    """The history database cannot be used (locked, unreadable, not a database)."""
+
+
+def history_path(environ=os.environ) -> Path:
+    """``$KVH_HISTORY``, else ``~/.cache/kvbits/history.sqlite``."""
+    return Path(environ.get("KVH_HISTORY") or DEFAULT_PATH).expanduser()
+
+
+def _connect(path: Path) -> sqlite3.Connection:
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        db = sqlite3.connect(path, timeout=BUSY_TIMEOUT_S, isolation_level=None)
+        db.execute("PRAGMA journal_mode=WAL")
+        db.execute("PRAGMA foreign_keys=ON")
+        db.executescript(SCHEMA)
+        return db
+    except (sqlite3.Error, OSError) as exc:
+        raise HistoryError(_explain(path, exc)) from exc
+
+
+def _explain(path: Path, exc: BaseException) -> str:
+    text = str(exc)
+    if "locked" in text or "busy" in text:
+        return f"history {path}: locked by another process for more than {BUSY_TIMEOUT_S:g} s ({text})"
+    if "not a database" in text or "malformed" in text:
+        return (f"history {path}: not a readable SQLite database ({text}); move it aside to start a new "
+                f"history, or set KVH_HISTORY to another file")
+    return f"history {path}: {type(exc).__name__}: {text}"
+
+
+def _run_row(run_dir: Path) -> tuple:
+    manifest = read_manifest(run_dir)
+    env = manifest.get("env") if isinstance(manifest.get("env"), dict) else {}
+    run_id = manifest.get("run_id") or run_dir.name
+    return (str(run_id), manifest.get("leg"), manifest.get("mode"), env.get("gpu"), env.get("commit"),
+            env.get("torch"), env.get("triton"), manifest.get("started"), manifest.get("finished"),
+            int(bool(manifest.get("complete"))))
+
+
+def add_runs(run_dirs: Iterable[str | os.PathLike], path: Path | None = None) -> list[str]:
+    """Append each run directory's records, one transaction per run; returns the run ids added
+    (a run already in the history is skipped, a directory without records too)."""
+    path = history_path() if path is None else Path(path)
+    added = []
+    with closing(_connect(path)) as db:
+        for run_dir in map(Path, run_dirs):
+            if not (run_dir / RECORDS_FILE).exists() and not (run_dir / MANIFEST_FILE).exists():
+                continue
+            run = _run_row(run_dir)
+            records = read_records(run_dir / RECORDS_FILE).records
+            try:
+                db.execute("BEGIN IMMEDIATE")
+                if db.execute("SELECT 1 FROM runs WHERE run_id = ?", (run[0],)).fetchone():
+                    db.execute("ROLLBACK")
+                    continue
+                db.execute("INSERT INTO runs VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)", run)
+                db.executemany("INSERT INTO cases VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)", [
+                    (run[0], r.suite, r.nodeid, r.variant, r.backend, r.device, r.outcome, r.duration_s,
+                     json.dumps(r.metrics, sort_keys=True, default=str)) for r in records])
+                db.execute("COMMIT")
+            except sqlite3.Error as exc:
+                if db.in_transaction:
+                    db.execute("ROLLBACK")
+                raise HistoryError(_explain(path, exc)) from exc
+            added.append(run[0])
+    return added
+
+
+def runs(path: Path | None = None) -> list[dict]:
+    """Every run, oldest first, with its number of cases."""
+    path = history_path() if path is None else Path(path)
+    with closing(_connect(path)) as db:
+        try:
+            rows = db.execute("SELECT r.run_id, r.leg, r.gpu, r.commit_sha, r.started, r.complete, COUNT(c.run_id) "
+                              "FROM runs r LEFT JOIN cases c ON c.run_id = r.run_id GROUP BY r.run_id "
+                              "ORDER BY r.started, r.run_id").fetchall()
+        except sqlite3.Error as exc:
+            raise HistoryError(_explain(path, exc)) from exc
+    keys = ("run_id", "leg", "gpu", "commit", "started", "complete", "cases")
+    return [dict(zip(keys, row, strict=True)) for row in rows]
+
+
+def cases(path: Path | None = None, *, nodeid: str | None = None, leg: str | None = None,
+          gpu: str | None = None) -> list[dict]:
+    """Every case (metrics decoded), oldest run first; filtered by nodeid, leg and GPU when given."""
+    path = history_path() if path is None else Path(path)
+    where, args = [], []
+    for column, value in (("c.nodeid", nodeid), ("r.leg", leg), ("r.gpu", gpu)):
+        if value is not None:
+            where.append(f"{column} = ?")
+            args.append(value)
+    query = ("SELECT c.run_id, r.leg, r.gpu, r.commit_sha, r.started, c.suite, c.nodeid, c.variant, c.backend, "
+             "c.device, c.outcome, c.duration_s, c.metrics FROM cases c JOIN runs r ON r.run_id = c.run_id"
+             + (" WHERE " + " AND ".join(where) if where else "") + " ORDER BY r.started, c.run_id, c.rowid")
+    with closing(_connect(path)) as db:
+        try:
+            rows = db.execute(query, args).fetchall()
+        except sqlite3.Error as exc:
+            raise HistoryError(_explain(path, exc)) from exc
+    out = []
+    for row in rows:
+        item = dict(zip(CASE_COLUMNS, row, strict=True))
+        item["metrics"] = json.loads(item["metrics"] or "{}")
+        out.append(item)
+    return out
+
+
+def rolling_values(nodeid: str, metric: str, *, leg: str, gpu: str | None, last: int,
+                   path: Path | None = None) -> list[float]:
+    """The metric of a passed case over the newest ``last`` runs of one leg and GPU (oldest first):
+    what a rolling baseline is made of."""
+    values = [c["metrics"].get(metric) for c in cases(path, nodeid=nodeid, leg=leg, gpu=gpu)
+              if c["outcome"] == "passed"]
+    return [float(v) for v in values if isinstance(v, (int, float)) and not isinstance(v, bool)][-last:]
+
+
+def prune(keep: int, path: Path | None = None) -> int:
+    """Keep the newest ``keep`` runs of each (leg, GPU); returns how many runs were removed."""
+    if keep < 0:
+        raise ValueError(f"keep must be non-negative; got {keep}")
+    path = history_path() if path is None else Path(path)
+    with closing(_connect(path)) as db:
+        try:
+            db.execute("BEGIN IMMEDIATE")
+            doomed = [row[0] for row in db.execute(
+                "SELECT run_id FROM (SELECT run_id, ROW_NUMBER() OVER (PARTITION BY leg, gpu "
+                "ORDER BY started DESC, run_id DESC) AS n FROM runs) WHERE n > ?", (keep,))]
+            db.executemany("DELETE FROM runs WHERE run_id = ?", [(r,) for r in doomed])
+            db.execute("COMMIT")
+        except sqlite3.Error as exc:
+            if db.in_transaction:
+                db.execute("ROLLBACK")
+            raise HistoryError(_explain(path, exc)) from exc
+    return len(doomed)
+
+
+def export(fmt: str, out, path: Path | None = None) -> int:
+    """Every case as CSV (metrics as one JSON column) or JSON (a list) to the text stream ``out``."""
+    rows = cases(path)
+    if fmt == "json":
+        json.dump(rows, out, indent=1, default=str)
+        out.write("\n")
+    elif fmt == "csv":
+        writer = csv.DictWriter(out, fieldnames=CASE_COLUMNS)
+        writer.writeheader()
+        for row in rows:
+            writer.writerow({**row, "metrics": json.dumps(row["metrics"], sort_keys=True)})
+    else:
+        raise ValueError(f"format must be 'csv' or 'json'; got {fmt!r}")
+    return len(rows)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m harness.history", description=__doc__.splitlines()[0])
+    parser.add_argument("--db", help="the database (default $KVH_HISTORY or ~/.cache/kvbits/history.sqlite)")
+    sub = parser.add_subparsers(dest="command", required=True)
+    sub.add_parser("add", help="append run directories").add_argument("runs", nargs="+")
+    sub.add_parser("list", help="list the runs")
+    exp = sub.add_parser("export", help="write every case")
+    exp.add_argument("--format", choices=("csv", "json"), default="csv")
+    exp.add_argument("-o", "--output", help="file (default: standard output)")
+    sub.add_parser("prune", help="keep the newest runs of each leg and GPU").add_argument(
+        "--keep", type=int, required=True)
+    args = parser.parse_args(argv)
+    path = Path(args.db).expanduser() if args.db else history_path()
+    try:
+        if args.command == "add":
+            added = add_runs(args.runs, path)
+            print(f"{len(added)} run(s) added to {path}")
+        elif args.command == "list":
+            for run in runs(path):
+                print(f"{run['started'] or '-':32} {run['run_id']:60} {run['gpu'] or '-':20} "
+                      f"{(run['commit'] or '-')[:12]:12} {run['cases']:6d} cases{'' if run['complete'] else ' (incomplete)'}")
+        elif args.command == "export":
+            if args.output:
+                with open(args.output, "w", encoding="utf-8", newline="") as fh:
+                    count = export(args.format, fh, path)
+                print(f"{count} case(s) written to {args.output}")
+            else:
+                export(args.format, sys.stdout, path)
+        else:
+            print(f"{prune(args.keep, path)} run(s) removed from {path}")
+    except HistoryError as exc:
+        print(exc, file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
