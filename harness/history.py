@@ -57,12 +57,16 @@ def _connect(path: Path) -> sqlite3.Connection:
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         db = sqlite3.connect(path, timeout=BUSY_TIMEOUT_S, isolation_level=None)
+    except (sqlite3.Error, OSError) as exc:
+        raise HistoryError(_explain(path, exc)) from exc
+    try:
         db.execute("PRAGMA journal_mode=WAL")
         db.execute("PRAGMA foreign_keys=ON")
         db.executescript(SCHEMA)
-        return db
-    except (sqlite3.Error, OSError) as exc:
+    except sqlite3.Error as exc:
+        db.close()
         raise HistoryError(_explain(path, exc)) from exc
+    return db
 
 
 def _explain(path: Path, exc: BaseException) -> str:
@@ -76,10 +80,14 @@ def _explain(path: Path, exc: BaseException) -> str:
 
 
 def _run_row(run_dir: Path) -> tuple:
+    """A run's row: its id is the manifest's run id and start time together, since a pipeline
+    reuses one run directory (and run id) per kind and leg for every run."""
     manifest = read_manifest(run_dir)
+    if not isinstance(manifest, dict):
+        manifest = {}
     env = manifest.get("env") if isinstance(manifest.get("env"), dict) else {}
-    run_id = manifest.get("run_id") or run_dir.name
-    return (str(run_id), manifest.get("leg"), manifest.get("mode"), env.get("gpu"), env.get("commit"),
+    run_id = f"{manifest.get('run_id') or run_dir.name}@{manifest.get('started') or '-'}"
+    return (run_id, manifest.get("leg"), manifest.get("mode"), env.get("gpu"), env.get("commit"),
             env.get("torch"), env.get("triton"), manifest.get("started"), manifest.get("finished"),
             int(bool(manifest.get("complete"))))
 

@@ -81,16 +81,21 @@ class DecodePlan:
         self._merge = Launch(_decode_merge_kernel, grid, args, options)
 
     def serves(self, q, sm_scale: float | None = None) -> bool:
-        """Whether run(q) fits this plan (shape, dtype, device, and sm_scale when given)."""
+        """Whether run(q) with ``sm_scale`` (None: the default 1/sqrt(D)) fits this plan (shape, dtype,
+        device, scale)."""
+        scale = 1.0 / math.sqrt(self.shape[2]) if sm_scale is None else sm_scale
+        return self._fits(q) and scale == self.sm_scale
+
+    def _fits(self, q) -> bool:
         return (isinstance(q, torch.Tensor) and tuple(q.shape) == self.shape and q.dtype == self.q_dtype
-                and q.device == self.view.k_words.device
-                and (sm_scale is None or sm_scale == self.sm_scale))
+                and q.device == self.view.k_words.device)
 
     def run(self, q: torch.Tensor, *, out: torch.Tensor | None = None) -> torch.Tensor:
-        """Decode q [B, Hq, D] against the view's lengths now (each at most max_len; the caller
-        keeps that: lengths are not read on the host). Returns out [B, Hq, D] in q's dtype."""
+        """Decode q [B, Hq, D] with the plan's sm_scale against the view's lengths now (each at most
+        max_len; the caller keeps that: lengths are not read on the host). Returns out [B, Hq, D]
+        in q's dtype."""
         require_tensor("q", q)
-        if not self.serves(q):
+        if not self._fits(q):
             raise ValueError(f"q must be {list(self.shape)} {self.q_dtype} on {self.view.k_words.device} for this "
                              f"plan; got {list(q.shape)} {q.dtype} on {q.device}")
         if out is not None and (not isinstance(out, torch.Tensor) or out.shape != q.shape or out.dtype != q.dtype

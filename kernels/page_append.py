@@ -1,7 +1,7 @@
 """Append tokens into a paged, decode-arranged cache on the device (one launch, no host sync).
 
-``append_tokens(view, k, v, chunk_lens=None, errors=None, backend=None)`` writes T new tokens
-per sequence (k, v ``[B, H, T, D]``) into a :class:`~kernels.paged.PagedQuantizedKV` whose
+:class:`AppendLaunch` (and :func:`launch_append` for one call) writes T new tokens per sequence
+(k, v ``[B, H, T, D]``) into a :class:`~kernels.paged.PagedQuantizedKV` whose
 block table already names the pages those tokens reach. Where a sequence's residual window and
 its new tokens complete groups of G tokens, each group is quantized (the affine scheme of
 :mod:`kernels.affine`, bit for bit: K per channel, V per token) and written straight into the
@@ -259,6 +259,8 @@ class AppendLaunch:
         b, h, t, _ = k.shape
         if b == 0 or t == 0:
             return
+        if v.stride() != k.stride():  # the kernel addresses k and v with one set of strides
+            k, v = k.contiguous(), v.contiguous()
         ragged = chunk_lens is not None
         key = (t, ragged)
         launch = self._launches.get(key)

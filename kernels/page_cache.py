@@ -291,7 +291,10 @@ class PagedKVCache(CacheLengths):
         if tokens < 0:
             raise ValueError(f"tokens must be non-negative; got {tokens}")
         self._grow_tables([tokens] * len(self._ids))
-        self._planned_len = max(self._lens, default=0) + tokens
+        # the plan covers every token the pages now held can store (and a residual window past
+        # them), so that no stored token is left out of a replayed decode
+        held = max((len(pages) for pages in self._pages), default=0) * self.page_size + self.group_size
+        self._planned_len = max(max(self._lens, default=0) + tokens, held)
         if self._plan is not None and self._plan.max_len < self._planned_len:
             self._plan = None  # replays will reach lengths past it
 
@@ -299,6 +302,8 @@ class PagedKVCache(CacheLengths):
         """Tell the host that every live sequence grew by ``tokens`` (replays of a captured step
         that appends): no read of the device. :meth:`sync_lengths` reads them instead."""
         require_int("tokens", tokens)
+        if tokens < 0:
+            raise ValueError(f"tokens must be non-negative; got {tokens}")
         self._lens = [n + tokens for n in self._lens]
 
     def sync_lengths(self) -> list[int]:
@@ -340,6 +345,9 @@ class PagedKVCache(CacheLengths):
         t = k.shape[2]
         counts = [t] * n if chunk_lens is None else _chunk_counts(chunk_lens, n, t)
         capturing = self.device.type == "cuda" and torch.cuda.is_current_stream_capturing()
+        if capturing and chunk_lens is not None:
+            raise ValueError("chunk_lens under CUDA graph capture: the counts' copy to the device would be "
+                             "replayed from a host buffer that is gone; capture equal chunks (chunk_lens=None)")
         if capturing:
             missing = [self._ids[r] for r in range(n) if self._pages_for(self._lens[r], counts[r], self._pages[r])]
             if missing:

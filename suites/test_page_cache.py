@@ -628,6 +628,73 @@ def test_a_long_prompt_and_its_decode(record, seed, device):
     record.add(states_checked=q.numel(), bit_errors=0, max_abs_err=figures["max_abs_err"], prompt=n)
 
 
+@pytest.mark.parametrize("device", device_params())
+def test_v_laid_out_unlike_k(record, seed, device):
+    """k contiguous, v a transposed view (unit stride along D, other strides): the Triton append
+    stores what the torch append stores (the kernel addresses k and v with one set of strides)."""
+    record.backend, record.device, record.variant = "triton", device, "v-strides"
+    size = _size(device)
+    h, d, g = size.heads, size.head_dim, size.group
+    gen = torch.Generator().manual_seed(seed)
+    caches = [_new_cache(size, device, num_pages=4, max_seqs=2) for _ in BACKENDS]
+    n = g + 5
+    k, _ = _kv(gen, (2, h, n, d), caches[0].dtype, device)
+    v = _kv(gen, (h, 2, n, d), caches[0].dtype, device)[1].transpose(0, 1)  # [2, H, n, D], strided
+    assert v.stride() != k.stride() and v.stride(-1) == 1
+    for cache, backend in zip(caches, BACKENDS, strict=True):
+        cache.add_sequence()
+        cache.add_sequence()
+        cache.append(k, v, backend=backend)
+    for name in ("v_words", "v_scale", "v_zero", "v_residual", "k_words", "seq_lens"):
+        assert torch.equal(getattr(caches[0], name), getattr(caches[1], name)), name
+    record.add(states_checked=v.numel(), bit_errors=0, max_abs_err=0.0)
+
+
+@pytest.mark.parametrize("device", device_params())
+def test_the_default_scale_after_an_explicit_one(record, seed, device):
+    """attend(q, sm_scale=s) then attend(q): the second uses 1/sqrt(D), not the kept plan's s."""
+    record.backend, record.device, record.variant = "triton", device, "sm-scale"
+    size = _size(device)
+    h, d, g = size.heads, size.head_dim, size.group
+    gen = torch.Generator().manual_seed(seed)
+    cache = _new_cache(size, device, num_pages=4, max_seqs=1)
+    cache.add_sequence(*_kv(gen, (h, 2 * g + 3, d), cache.dtype, device), backend="triton")
+    q = _q(gen, 1, h, d, cache.dtype, device)
+    cache.attend(q, sm_scale=0.5, backend="triton")
+    out = cache.attend(q, backend="triton")
+    err = float((out.double() - reference_decode(q, cache.to_contiguous())).abs().max())
+    record.add(states_checked=out.numel(), max_abs_err=err)
+    assert err <= tolerance(q.dtype)
+
+
+@pytest.mark.parametrize("device", device_params())
+def test_a_plan_covers_every_token_the_reserved_pages_hold(record, seed, device):
+    """reserve() hands out whole pages; appends on the device alone (as replays of a captured step,
+    which the host does not see) up to what those pages hold are all attended by the kept plan."""
+    record.backend, record.device, record.variant = "triton", device, "plan-covers-pages"
+    size = _size(device)
+    h, d, p = size.heads, size.head_dim, 4 * size.page  # a page of 8 groups or more
+    gen = torch.Generator().manual_seed(seed)
+    cache = _new_cache(size, device, num_pages=4, max_seqs=1, page=p)
+    cache.add_sequence()
+    cache.reserve(size.group)  # one page of p tokens
+    q = _q(gen, 1, h, d, cache.dtype, device)
+    k, v = _kv(gen, (p + 3, 1, h, d), cache.dtype, device)
+    cache.append(k[0], v[0], backend="triton")
+    cache.attend(q, backend="triton")  # the plan, kept from here on
+    plan = cache._plan
+    cache.view()
+    for i in range(1, p + 3):  # the device grows; the host's count does not
+        cache._appender(k[i][:, :, None], v[i][:, :, None], None)
+    out = cache.attend(q, backend="triton")
+    assert cache._plan is plan
+    cache.check_errors()
+    assert cache.sync_lengths() == [p + 3]
+    err = float((out.double() - reference_decode(q, cache.to_contiguous())).abs().max())
+    record.add(states_checked=out.numel(), max_abs_err=err)
+    assert err <= tolerance(q.dtype)
+
+
 # ----------------------------------------------------------------------------- 6. bad input
 def _snapshot(cache: PagedKVCache) -> dict:
     state = {name: t.clone() for name, t in vars(cache).items() if isinstance(t, torch.Tensor)}

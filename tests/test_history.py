@@ -7,6 +7,7 @@ import io
 import json
 import multiprocessing
 import os
+import shutil
 import signal
 import sqlite3
 import subprocess
@@ -40,7 +41,8 @@ def test_runs_go_in_once_and_come_out(tmp_path):
     db = tmp_path / "h.sqlite"
     first, second = _run(tmp_path, "r1", ms=1.0, started="2026-12-01T00:00:00"), _run(
         tmp_path, "r2", ms=1.1, started="2026-12-02T00:00:00")
-    assert history.add_runs([first, second], db) == [f"gpu-torch2.11.0-triton3.6.0@{n}" for n in ("r1", "r2")]
+    assert history.add_runs([first, second], db) == [f"gpu-torch2.11.0-triton3.6.0@{n}@2026-12-0{d}T00:00:00"
+                                                     for n, d in (("r1", 1), ("r2", 2))]
     assert history.add_runs([first], db) == []  # already there: not added twice
     assert history.add_runs([tmp_path / "missing"], db) == []
     listed = history.runs(db)
@@ -69,7 +71,7 @@ def test_prune_keeps_the_newest_runs_of_each_leg(tmp_path):
     dirs.append(_run(tmp_path, "b0", leg="gpu-torch2.8.0-triton3.4.0", started="2026-11-01T00:00:00"))
     history.add_runs(dirs, db)
     assert history.prune(2, db) == 2
-    kept = {(r["run_id"].split("@")[1]) for r in history.runs(db)}
+    kept = {(r["run_id"].split("@")[1]) for r in history.runs(db)}  # leg@directory@started
     assert kept == {"a2", "a3", "b0"}
     assert len(history.cases(db)) == 3 * 4  # the pruned runs' cases went with them
     with pytest.raises(ValueError, match="keep"):
@@ -122,7 +124,7 @@ def test_a_writer_killed_mid_run_leaves_the_history_as_it_was(tmp_path):
         os.kill(child.pid, signal.SIGKILL)
     finally:
         child.wait(30)
-    assert [r["run_id"].split("@")[-1] for r in history.runs(db)] == ["before"]
+    assert [r["run_id"].split("@")[1] for r in history.runs(db)] == ["before"]
     started = time.monotonic()
     assert history.add_runs([_run(tmp_path, "after")], db)  # the killed writer's lock is gone
     assert time.monotonic() - started < history.BUSY_TIMEOUT_S
@@ -167,3 +169,23 @@ def test_the_pipeline_records_its_runs_and_survives_a_broken_history(tmp_path, c
     assert record_history(runs_dirs, broken) == []
     said = capsys.readouterr().out
     assert "not a readable SQLite database" in said and "this run is not in it" in said
+
+
+def test_a_run_directory_reused_by_the_next_run_is_a_new_run(tmp_path):
+    """A pipeline writes every run of a kind and leg into the same directory (same run id): each
+    run is kept, told apart by its start."""
+    db = tmp_path / "h.sqlite"
+    for day in (1, 2):
+        shutil.rmtree(tmp_path / "gpu_verify-leg", ignore_errors=True)  # as the pipeline clears it
+        history.add_runs([_run(tmp_path, "gpu_verify-leg", ms=float(day), started=f"2026-12-0{day}T00:00:00")], db)
+    assert len(history.runs(db)) == 2
+    values = history.rolling_values("suites/test_bench_decode.py::test_bench[0]", "ms",
+                                    leg="gpu-torch2.11.0-triton3.6.0", gpu="NVIDIA H200", last=5, path=db)
+    assert values == [1.0, 2.0]
+
+
+def test_a_manifest_that_is_no_object_is_no_crash(tmp_path):
+    db = tmp_path / "h.sqlite"
+    run_dir = _run(tmp_path, "odd")
+    (run_dir / "manifest.json").write_text("[]")
+    assert len(history.add_runs([run_dir], db)) == 1
