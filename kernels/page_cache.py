@@ -28,6 +28,8 @@ Life of a cache::
 
 from __future__ import annotations
 
+import dataclasses
+
 import torch
 
 from ._checks import (
@@ -435,19 +437,12 @@ class PagedKVCache(CacheLengths):
         """The live sequences as a contiguous :class:`QuantizedKV` in the canonical stream (export,
         GPTQ's format), capacity the most pages any sequence holds (an explicit conversion, never
         on the decode path)."""
-        n = len(self._ids)
         width = max((len(p) for p in self._pages), default=0) or 1
-        spare = next(iter(p[0] for p in self._pages if p), None)
-        table = torch.tensor([p + [spare if spare is not None else 0] * (width - len(p)) for p in self._pages]
-                             or [[0]], dtype=torch.int32)[:n].reshape(n, width).to(self.device)
-        view = self.view()
-        paged = PagedQuantizedKV(
-            bits=self.bits, group_size=self.group_size, page_size=self.page_size, tile=self.tile, warps=self.warps,
-            k_words=self.k_words, k_scale=self.k_scale, k_zero=self.k_zero, v_words=self.v_words,
-            v_scale=self.v_scale, v_zero=self.v_zero, k_residual=view.k_residual, v_residual=view.v_residual,
-            block_table=table, seq_lens=view.seq_lens,
-        )
-        return paged_to_contiguous(paged)
+        # rows padded with a page of their own (page 0 for a row with none): past a sequence's
+        # length the export holds whatever that page does, as any capacity beyond a length
+        rows = [p + [p[0] if p else 0] * (width - len(p)) for p in self._pages]
+        table = torch.tensor(rows, dtype=torch.int32).reshape(len(rows), width).to(self.device)
+        return paged_to_contiguous(dataclasses.replace(self.view(), block_table=table))
 
 
 def _chunk_counts(chunk_lens, n: int, t: int) -> list[int]:
