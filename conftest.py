@@ -6,7 +6,7 @@ torch to its workers."""
 
 import os
 
-from harness.commands import spread_controller
+from harness.run.commands import spread_controller
 
 if not spread_controller(os.environ):
     import kernels._runtime  # noqa: F401  (sets TRITON_INTERPRET before any kernel is defined)

@@ -1,10 +1,11 @@
-"""kvbits harness sessions. Version legs and every command line: harness/commands.py.
-Suites run through harness/pipeline.py (also `python -m harness.gpu_verify` without nox).
+"""kvbits harness sessions. Version legs: harness/run/legs.py; command lines: harness/run/commands.py.
+Suites run through harness/run/pipeline.py (also `python -m harness.gpu_verify` without nox).
 `--no-venv`: the installed torch/triton, nothing installed. More: docs/sessions.md.
 """
 
 from __future__ import annotations
 
+import importlib.metadata
 import os
 import shutil
 import subprocess
@@ -17,12 +18,20 @@ from nox.command import CommandFailed
 ROOT = Path(__file__).resolve().parent
 sys.path.insert(0, str(ROOT))
 
-from harness import commands  # noqa: E402
+from harness.run import commands  # noqa: E402
+from harness.run.legs import (  # noqa: E402
+    CPU_TORCH,
+    GPU_LEGS,
+    INTERPRETER_LEGS,
+    compile_triton_versions,
+    gpu_leg,
+    interpreter_leg,
+)
 
 nox.options.default_venv_backend = "virtualenv"
 nox.options.reuse_venv = "yes"
 
-GPU_PARAMS = [(leg.torch, leg.triton) for leg in commands.GPU_LEGS]
+GPU_PARAMS = [(leg.torch, leg.triton) for leg in GPU_LEGS]
 REPORT_DEPS = nox.project.load_toml(ROOT / "pyproject.toml")["project"]["optional-dependencies"]["report"]
 _RAN_INSTALLED: set[str] = set()
 
@@ -70,7 +79,7 @@ def _drop_venv_when_asked(session: nox.Session) -> None:
 
 
 def _pipeline(session: nox.Session, kind: str, *args: str) -> None:
-    session.run(_python(session), "-m", "harness.pipeline", kind, *args, external=_installed(session))
+    session.run(_python(session), "-m", "harness.run.pipeline", kind, *args, external=_installed(session))
 
 
 def _require_cuda_driver(session: nox.Session) -> None:
@@ -85,18 +94,48 @@ def _require_cuda_driver(session: nox.Session) -> None:
                       "or run. `nox -s verify` or `nox -s tests` run in the Triton interpreter on CPU.")
 
 
+ALL_LEGS = "--all-legs"  # `nox -s tests -- --all-legs`: every interpreter leg (CI's command)
+
+
+def _default_triton() -> str:
+    """The leg plain ``nox -s tests`` runs: the triton installed beside nox when it is a leg,
+    else the newest leg."""
+    legs = [leg.triton for leg in INTERPRETER_LEGS]
+    try:
+        installed = importlib.metadata.version("triton")
+    except importlib.metadata.PackageNotFoundError:
+        installed = None
+    return installed if installed in legs else max(legs, key=lambda v: tuple(int(p) for p in v.split(".")))
+
+
+def _named_alone(session: nox.Session) -> bool:
+    """Whether this leg was picked by its own id (``nox -s "tests(triton='3.4.0')"``) or by a
+    keyword (``-k``), not by the bare name ``tests`` or plain ``nox``. A session not started by
+    nox's command line (no runner to ask) counts as named."""
+    config = getattr(getattr(session, "_runner", None), "global_config", None)
+    if config is None:
+        return True
+    if getattr(config, "keywords", None):
+        return True
+    own = session.name.replace(" ", "").replace('"', "'")
+    return any(str(name).replace(" ", "").replace('"', "'") == own for name in getattr(config, "sessions", None) or ())
+
+
 @nox.session
-@nox.parametrize("triton", [leg.triton for leg in commands.INTERPRETER_LEGS])
+@nox.parametrize("triton", [leg.triton for leg in INTERPRETER_LEGS])
 def tests(session: nox.Session, triton: str) -> None:
-    """Harness unit tests and every suite in the Triton interpreter on CPU, one leg per triton release."""
-    leg = commands.interpreter_leg(triton)
+    """Unit tests and every suite in the Triton interpreter on CPU; one leg (-- --all-legs: every leg)."""
+    leg = interpreter_leg(triton)
+    posargs = [arg for arg in session.posargs if arg != ALL_LEGS]
+    if ALL_LEGS not in session.posargs and triton != _default_triton() and not _named_alone(session):
+        session.skip(f"one leg by default (triton {_default_triton()}); every leg: nox -s tests -- {ALL_LEGS}")
     if _installed(session):
         _once_on_installed(session, "tests")
-        _pipeline(session, "tests", *session.posargs)
+        _pipeline(session, "tests", *posargs)
         return
     try:
         _install_stack(session, leg.torch, leg.triton)
-        _pipeline(session, "tests", "--leg", leg.name, *session.posargs)
+        _pipeline(session, "tests", "--leg", leg.name, *posargs)
     finally:
         _drop_venv_when_asked(session)
 
@@ -104,7 +143,7 @@ def tests(session: nox.Session, triton: str) -> None:
 @nox.session(default=False)
 def verify(session: nox.Session) -> None:
     """The main job on this machine's device: suites (and benchmarks on a GPU), then the report."""
-    torch = os.environ.get("KVH_TORCH", commands.CPU_TORCH)
+    torch = os.environ.get("KVH_TORCH", CPU_TORCH)
     _install_stack(session, torch, os.environ.get("KVH_TRITON"))
     _pipeline(session, "verify", *session.posargs)
 
@@ -113,7 +152,7 @@ def verify(session: nox.Session) -> None:
 @nox.parametrize(("torch", "triton"), GPU_PARAMS)
 def gpu_verify(session: nox.Session, torch: str, triton: str) -> None:
     """Suites over every GPU (one pinned xdist worker each), benchmarks, report; refuses without CUDA."""
-    leg = commands.gpu_leg(torch, triton)
+    leg = gpu_leg(torch, triton)
     posargs = list(session.posargs)
     installed = _installed(session) or "--installed" in posargs
     posargs = [arg for arg in posargs if arg != "--installed"]
@@ -129,7 +168,7 @@ def gpu_verify(session: nox.Session, torch: str, triton: str) -> None:
 @nox.session(default=False)
 def bench(session: nox.Session) -> None:
     """Benchmarks alone, serially, on this machine's device, then the report."""
-    torch = os.environ.get("KVH_TORCH", commands.CPU_TORCH)
+    torch = os.environ.get("KVH_TORCH", CPU_TORCH)
     _install_stack(session, torch, os.environ.get("KVH_TRITON"))
     _pipeline(session, "bench", *session.posargs)
 
@@ -170,13 +209,13 @@ def lint(session: nox.Session) -> None:
 @nox.session
 def compile_matrix(session: nox.Session) -> None:
     """Every Triton kernel compiled for sm_80/90/100 under each triton of the tables; every .cu via nvcc."""
-    versions = list(session.posargs) or list(commands.compile_triton_versions())
+    versions = list(session.posargs) or list(compile_triton_versions())
     python = _python(session)
     failed = []
     if _installed(session):
         versions = ["installed"]
     else:
-        torch = os.environ.get("KVH_TORCH", commands.CPU_TORCH)
+        torch = os.environ.get("KVH_TORCH", CPU_TORCH)
         _install_stack(session, torch, versions[0], extras=None)
     for i, version in enumerate(versions):
         if i > 0:
@@ -190,7 +229,7 @@ def compile_matrix(session: nox.Session) -> None:
         session.warn("nvcc not found: the compile check of kernels/cuda/*.cu is skipped")
     else:
         try:
-            session.run(python, "-m", "harness.compile_cuda", external=_installed(session))
+            session.run(python, "-m", "harness.compile.compile_cuda", external=_installed(session))
         except CommandFailed:
             failed.append("nvcc kernels/cuda/*.cu")
     if failed:
@@ -201,7 +240,7 @@ def compile_matrix(session: nox.Session) -> None:
 @nox.parametrize(("torch", "triton"), GPU_PARAMS)
 def container(session: nox.Session, torch: str, triton: str) -> None:
     """Build docker/Dockerfile for a GPU leg, run a session in it (default gpu_verify) with --gpus all."""
-    leg = commands.gpu_leg(torch, triton)
+    leg = gpu_leg(torch, triton)
     inner, *args = list(session.posargs) or ["gpu_verify"]
     if shutil.which("docker") is None:
         session.error("docker is not installed: the container session needs Docker and the NVIDIA container toolkit")
@@ -232,9 +271,9 @@ def _run_then_report(session: nox.Session, module: str, name: str) -> None:
 @nox.session(default=False)
 def mutants(session: nox.Session) -> None:
     """Planted kernel bugs, one at a time, against their suites (posargs: --ci, --only NAME, --jobs N)."""
-    torch = os.environ.get("KVH_TORCH", commands.CPU_TORCH)
+    torch = os.environ.get("KVH_TORCH", CPU_TORCH)
     _install_stack(session, torch, os.environ.get("KVH_TRITON"))
-    _run_then_report(session, "mutants", "mutants")
+    _run_then_report(session, "checks.mutants", "mutants")
 
 
 @nox.session(default=False)
@@ -242,6 +281,6 @@ def sanitize(session: nox.Session) -> None:
     """compute-sanitizer memcheck, racecheck and initcheck over every GPU kernel; refuses without a GPU."""
     if not _installed(session):
         _require_cuda_driver(session)
-        leg = next(leg for leg in commands.GPU_LEGS if leg.triton == "3.6.0")  # the reference H200 stack
+        leg = next(leg for leg in GPU_LEGS if leg.triton == "3.6.0")  # the reference H200 stack
         _install_stack(session, leg.torch, leg.triton, leg.torch_index_url)
-    _run_then_report(session, "sanitize", "sanitize")
+    _run_then_report(session, "checks.sanitize", "sanitize")

@@ -1,4 +1,22 @@
-"""The validation harness: environment capture, result records, timing, the pytest
-plugin that records every suite case, and the report renderer."""
+"""The validation harness: it runs the suites, records every case, measures, plants bugs and
+renders the report. Its parts, each importing only parts listed before it
+(tests/test_harness_layout.py checks that no import cycle forms):
 
-__all__ = ["records", "env", "timing"]
+- ``records`` (module): the result record, its JSON Lines writer and reader, the run manifest;
+  every other part reads it. ``history`` (module): every GPU run's records in one SQLite file
+  (``python -m harness.history``).
+- ``measure/``: timing and bandwidth, the read floor, the static SASS budget, where a run's wall
+  time goes, benchmark progress lines. Imports nothing else of the harness.
+- ``run/``: the version legs, every command line, the pipeline (``python -m
+  harness.run.pipeline``), child processes, the environment a run records, run directories
+  written as results arrive, the GPU-worker pinning plugin.
+- ``plugin`` (module): the pytest plugin that records every suite case (``-p harness.plugin``;
+  the root ``conftest.py`` loads it).
+- ``checks/``: planted bugs (the mutant catalogue, as data, and its runner) and
+  compute-sanitizer runs.
+- ``compile/``: the compile-once Triton cache manager and the nvcc compile check.
+- ``report/``: the HTML report, JUnit XML and summaries (``python -m harness report``).
+
+``python -m harness.gpu_verify`` keeps its documented name: ``gpu_verify`` (module) only calls
+``harness.run.gpu_verify``.
+"""

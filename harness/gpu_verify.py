@@ -1,23 +1,14 @@
-"""``python -m harness.gpu_verify [options] [pytest args]``: what ``nox -s gpu_verify --no-venv``
-runs, for machines without nox (the installed torch/triton, no virtualenv).
+"""``python -m harness.gpu_verify [options] [pytest args]``: the suites over every GPU, the
+benchmarks, the report (see :mod:`harness.run.gpu_verify`, where the entry lives).
 
-The suites over every visible GPU (one pytest-xdist worker per GPU, each pinned),
-the benchmarks serially after them, the report always; exit code non-zero when
-anything failed, 3 (and nothing run) without a CUDA device. Options as
-``python -m harness.pipeline gpu_verify --help``.
+This module is kept at this path only because users and CI run the pipeline by this name
+(docker/Dockerfile's ``CMD``, the ``gpu_verify`` session under ``--no-venv``, the README and
+docs/sessions.md); it imports and calls the entry, nothing else.
 """
 
-from __future__ import annotations
-
 import sys
-from collections.abc import Sequence
 
-from .pipeline import main as pipeline_main
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    return pipeline_main(["gpu_verify", *(sys.argv[1:] if argv is None else argv)])
-
+from .run.gpu_verify import main
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -25,11 +25,18 @@ from pathlib import Path
 
 import pytest
 
-from . import timeline
-from .commands import spread_controller, usable_cpus
-from .records import MANIFEST_FILE, RECORDS_FILE, Record, RecordWriter, utc_now, write_json_atomic
+from .measure import timeline
+from .records import (
+    MANIFEST_FILE,
+    PROPERTY,
+    RECORDS_FILE,
+    Record,
+    RecordWriter,
+    utc_now,
+    write_json_atomic,
+)
+from .run.commands import spread_controller, usable_cpus
 
-PROPERTY = "kvh_record"
 # Exit statuses of a run that went to its end: every test passed, some failed, none was collected.
 COMPLETE_EXIT_STATUSES = (pytest.ExitCode.OK, pytest.ExitCode.TESTS_FAILED, pytest.ExitCode.NO_TESTS_COLLECTED)
 _TIMEOUT_PATTERN = re.compile(r"Timeout\s*(\(|>|\+)")
@@ -111,8 +118,8 @@ COMPILES_KEY = "kvh_triton_compiles"  # a worker's compile counts in xdist's wor
 
 
 def _compile_once():
-    """harness/triton_cache.py when Triton loaded it as its cache manager in this process, else None."""
-    return sys.modules.get("harness.triton_cache")
+    """harness/compile/triton_cache.py when Triton loaded it as its cache manager in this process, else None."""
+    return sys.modules.get("harness.compile.triton_cache")
 
 
 class ProcessTimeline:
@@ -148,9 +155,9 @@ class RecordingPlugin:
     def __init__(self, config) -> None:
         self.config = config
         self.worker_marks: dict[str, dict] = {}
-        self.triton_compiles: dict[str, int] = {}  # summed over workers (harness/triton_cache.py)
+        self.triton_compiles: dict[str, int] = {}  # summed over workers (harness/compile/triton_cache.py)
         leg = config.getoption("leg") or os.environ.get("KVH_LEG")
-        from .env import BackgroundCapture, capture
+        from .run.env import BackgroundCapture, capture
 
         self._env: dict | None = None
         self._env_pending = None
@@ -191,7 +198,7 @@ class RecordingPlugin:
 
     @property
     def env(self) -> dict:
-        """This run's environment (harness.env.capture), waiting for the background capture."""
+        """This run's environment (harness.run.env.capture), waiting for the background capture."""
         if self._env is None:
             self._env = self._env_pending.result()
             self.manifest.update(mode=self._env["mode"], env=self._env)
@@ -212,7 +219,7 @@ class RecordingPlugin:
         if not isinstance(ms, (int, float)) or isinstance(ms, bool):
             return
         if self.progress is None:
-            from .progress import BenchProgress
+            from .measure.progress import BenchProgress
 
             self.progress = BenchProgress(self.bench_total, label="bench", config=self.config)
         pct = record.metrics.get("pct_of_peak")
@@ -426,7 +433,7 @@ def _one_gc_pass_at_exit(config) -> None:
 
 
 def pytest_runtest_logfinish(nodeid, location) -> None:
-    """A Triton compile that failed in this test keeps its compile lock (harness/triton_cache.py)
+    """A Triton compile that failed in this test keeps its compile lock (harness/compile/triton_cache.py)
     while a traceback holds its cache manager: drop it, so that other workers stop waiting."""
     compile_once = _compile_once()
     if compile_once is not None:

@@ -30,6 +30,9 @@ OUTCOMES = ("passed", "failed", "error", "skipped", "crashed", "timeout")
 RECORDS_FILE = "records.jsonl"
 MANIFEST_FILE = "manifest.json"
 BASELINE_FORMAT = "kvh-baseline"  # the "format" of a baseline file (harness/report/baseline.py)
+# The pytest ``user_properties`` key under which a test's record payload travels to the process
+# that writes it (harness/plugin.py; harness/run/gpu_workers.py tags it with the GPU).
+PROPERTY = "kvh_record"
 
 # Metric names every suite uses the same way (others are free-form).
 STANDARD_METRICS = {

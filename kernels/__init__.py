@@ -7,6 +7,8 @@ Public API (docs/design.md section 4)::
     kernels.quantize_kv(k, v, bits=3, *, group_size=64, ...) -> QuantizedKV
     kernels.dequantize_kv(qkv) -> (k_hat, v_hat)
     kernels.decode_attention(q, qkv, *, seq_lens=None, sm_scale=None, backend=None)
+    kernels.PagedKVCache(num_pages, page_size, heads, head_dim, ...)  # add_sequence, append, attend, free
+    kernels.DecodePlan(view, q_heads, q_dtype, max_len).run(q)
     kernels.int8.quantize_per_channel(x, *, variant=None) -> (q, scales)
     kernels.int8.dequantize_per_channel(q, scales, *, variant=None)
 
@@ -22,10 +24,12 @@ from . import _runtime  # noqa: F401  (interpreter mode decided before any kerne
 _EXPORTS = {
     "pack_bits": "packing",
     "unpack_bits": "packing",
-    "quantize_kv": "affine",
-    "dequantize_kv": "affine",
+    "quantize_kv": "kv_cache",
+    "dequantize_kv": "kv_cache",
     "QuantizedKV": "kv_cache",
     "decode_attention": "decode",
+    "PagedKVCache": "decode",
+    "DecodePlan": "decode",
 }
 _SUBMODULES = ("packing", "affine", "kv_cache", "decode", "int8")
 

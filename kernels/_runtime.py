@@ -40,9 +40,3 @@ def sm_count(device: torch.device) -> int:
     if device.type != "cuda":
         return 1
     return torch.cuda.get_device_properties(device).multi_processor_count
-
-
-def tensor_version(t: torch.Tensor) -> int | None:
-    """``t._version``, or None for a tensor made under ``torch.inference_mode``, which keeps no
-    version counter."""
-    return None if t.is_inference() else t._version

@@ -49,12 +49,10 @@ from ._checks import (
     require_rank,
     require_same_device,
     require_tensor,
-    resolve_backend,
 )
 from ._runtime import on_device, triton_interpreted
 from .aot import AotSpec
-from .kv_cache import QuantizedKV
-from .packing import pack_bits, unpack_bits
+from .packing import pack_bits
 
 BIT_WIDTHS = (2, 3, 4, 8)
 GROUP_SIZES = (32, 64, 128)
@@ -438,8 +436,7 @@ def _launch_quantize(x, codes, scale, zero, tok_offset, group_size, bits, per_ch
             EVEN_TOKENS=t % tile.tokens == 0, num_warps=tile.warps,
             **({"maxnreg": tile.registers} if tile.registers else {}),
         )
-    # torch does not see a kernel's writes: bump the version counters so that views built
-    # from these tensors (the decode arrangement) know they changed
+    # torch does not see a kernel's writes: bump the version counters as a torch write would
     for written in (codes, scale, zero):
         increment_version(written)
 
@@ -487,163 +484,6 @@ def _check_kv(k, v) -> None:
     if k.shape[1] == 0 or k.shape[3] == 0:
         raise ValueError(f"k and v need at least one head and one channel (H, D >= 1); got shape {tuple(k.shape)}")
     require_same_device(k=k, v=v)
-
-
-def _check_seq_lens(seq_lens, batch: int, s: int) -> list[int]:
-    if seq_lens is None:
-        return [s] * batch
-    if isinstance(seq_lens, torch.Tensor):
-        if seq_lens.is_floating_point() or seq_lens.dim() != 1:
-            raise TypeError(f"seq_lens must be a 1-d integer tensor or a list of ints; got {seq_lens!r}")
-        seq_lens = seq_lens.tolist()
-    if not isinstance(seq_lens, (list, tuple)):
-        raise TypeError(f"seq_lens must be a 1-d integer tensor or a list of ints; got {type(seq_lens).__name__}")
-    lens = list(seq_lens)
-    if len(lens) != batch or any(isinstance(n, bool) or not isinstance(n, int) for n in lens):
-        raise TypeError(f"seq_lens must hold {batch} ints (one per sequence); got {seq_lens!r}")
-    if any(n < 0 or n > s for n in lens):
-        raise ValueError(f"seq_lens must lie in [0, S={s}]; got {lens}")
-    return lens
-
-
-# ----------------------------------------------------------------------------- public API
-def quantize_into(qkv: QuantizedKV, k: torch.Tensor, v: torch.Tensor, token_offset: int, backend: str) -> None:
-    """Quantize whole groups k, v [B, H, T, D] (T a multiple of G) into ``qkv`` at ``token_offset``.
-
-    Writes codes rows [token_offset, token_offset + T), K scale/zero groups
-    [token_offset/G, (token_offset + T)/G) and V scale/zero rows likewise. Leaves
-    ``seq_lens`` and the residual window alone. Raises ValueError (after writing)
-    when a group holds NaN/Inf or its scale overflows the scale dtype.
-    """
-    g = qkv.group_size
-    t = k.shape[2]
-    if t == 0:
-        return
-    k_scale = qkv.k_scale[:, :, token_offset // g:(token_offset + t) // g]
-    v_scale = qkv.v_scale[:, :, token_offset:token_offset + t]
-    qkv.generation += 1
-    if backend == "triton":
-        for name in ("k_codes", "k_scale", "k_zero", "v_codes", "v_scale", "v_zero"):
-            if not getattr(qkv, name).is_contiguous():  # the kernel addresses them by their shapes
-                raise ValueError(f"qkv.{name} must be contiguous for backend='triton' (use backend='torch')")
-        for x, codes, scale, zero, per_channel in (
-            (k, qkv.k_codes, qkv.k_scale, qkv.k_zero, True),
-            (v, qkv.v_codes, qkv.v_scale, qkv.v_zero, False),
-        ):
-            _launch_quantize(x, codes, scale, zero, token_offset, g, qkv.bits, per_channel)
-    else:
-        rows = slice(token_offset, token_offset + t)
-        groups = slice(token_offset // g, (token_offset + t) // g)
-        for x, codes, scale, zero, per_channel, sel in (
-            (k, qkv.k_codes, qkv.k_scale, qkv.k_zero, True, groups),
-            (v, qkv.v_codes, qkv.v_scale, qkv.v_zero, False, rows),
-        ):
-            c, s, z = _quantize_torch(x, qkv.bits, g, qkv.scale_dtype, per_channel)
-            codes[:, :, rows] = c
-            scale[:, :, sel] = s
-            zero[:, :, sel] = z
-    _check_scales("k", k, k_scale)
-    _check_scales("v", v, v_scale)
-
-
-def quantize_kv(
-    k: torch.Tensor,
-    v: torch.Tensor,
-    bits: int = 3,
-    *,
-    group_size: int = 64,
-    scale_dtype: torch.dtype = torch.float16,
-    backend: str | None = None,
-    capacity: int | None = None,
-    seq_lens=None,
-) -> QuantizedKV:
-    """Quantize K and V into a packed cache.
-
-    k, v: fp16 / bf16 / fp32 [B, H, S, D], D a multiple of ``group_size``; any S >= 0.
-    Tokens [0, (S // G) * G) are quantized (K per channel over G-token groups, V per
-    token over G-channel groups) and packed; the last S % G tokens stay in the
-    residual window in the input dtype. ``capacity`` (a multiple of G, at least
-    ``ceil(S / G) * G``; that is the default) sets the token capacity of the codes
-    for later :meth:`QuantizedKV.append` calls. ``backend``: ``"torch"`` (reference),
-    ``"triton"`` (compiled on a GPU, interpreted on CPU); ``None`` picks Triton on a GPU.
-    ``seq_lens`` (ints or an int tensor [B], each in [0, S]) keeps only the first
-    seq_lens[i] tokens of sequence i (a ragged batch); by default every sequence holds S.
-    """
-    _check_kv(k, v)
-    _check_config(bits, group_size, scale_dtype)
-    batch, heads, s, d = k.shape
-    _check_head_dim(d, group_size)
-    backend = resolve_backend(backend, k.device, BACKENDS)
-    need = -(-s // group_size) * group_size
-    if capacity is None:
-        capacity = need
-    require_int("capacity", capacity)
-    if capacity % group_size or capacity < need:
-        raise ValueError(
-            f"capacity must be a multiple of group_size={group_size} and at least {need} "
-            f"(S={s} rounded up to whole groups); got {capacity}"
-        )
-    lens = _check_seq_lens(seq_lens, batch, s)
-    qkv = QuantizedKV.empty(
-        batch, heads, d, bits=bits, group_size=group_size, capacity=capacity,
-        dtype=k.dtype, scale_dtype=scale_dtype, device=k.device,
-    )
-    rows = [slice(None)] if len(set(lens)) <= 1 else [slice(i, i + 1) for i in range(batch)]
-    for sel in rows:
-        n = lens[sel.start or 0] if lens else 0
-        full = n // group_size * group_size
-        require_finite("k", k[sel, :, full:n])
-        require_finite("v", v[sel, :, full:n])
-        quantize_into(qkv._rows(sel), k[sel, :, :full], v[sel, :, :full], 0, backend)
-        qkv.k_residual[sel, :, : n - full] = k[sel, :, full:n]
-        qkv.v_residual[sel, :, : n - full] = v[sel, :, full:n]
-    qkv.seq_lens.copy_(torch.tensor(lens, dtype=torch.int32))
-    return qkv
-
-
-def _dequantize_side(codes, scale, zero, bits, group_size, n_tokens, per_channel):
-    q = unpack_bits(codes[:, :, :n_tokens].contiguous(), bits, layout="byte", backend="torch")
-    b, h, t, d = q.shape
-    if per_channel:
-        qg = q.reshape(b, h, t // group_size, group_size, d)
-        x = dequantize_codes(qg, scale[:, :, : t // group_size, None, :], zero[:, :, : t // group_size, None, :])
-    else:
-        qg = q.reshape(b, h, t, d // group_size, group_size)
-        x = dequantize_codes(qg, scale[:, :, :t, :, None], zero[:, :, :t, :, None])
-    return x.reshape(b, h, t, d)
-
-
-def dequantize_kv(qkv: QuantizedKV, *, dtype: torch.dtype | None = None):
-    """Reconstruct (k_hat, v_hat), each [B, H, S, D] with S = max(seq_lens).
-
-    Token t < quantized_lens[i] comes from the codes, ``(q - zero) * scale`` in fp32;
-    tokens up to seq_lens[i] from the residual window; positions past seq_lens[i]
-    are zero. Output dtype: ``dtype`` or the cache's input dtype.
-    """
-    if not isinstance(qkv, QuantizedKV):
-        raise TypeError(f"qkv must be a QuantizedKV; got {type(qkv).__name__}")
-    if dtype is not None and (not isinstance(dtype, torch.dtype) or not dtype.is_floating_point):
-        raise TypeError(f"dtype must be a floating-point torch.dtype (or None: the cache's); got {dtype!r}")
-    dtype = dtype or qkv.dtype
-    seq = qkv.seq_lens.tolist()
-    qlen = qkv.quantized_lens().tolist()
-    s_max = max(seq, default=0)
-    q_max = max(qlen, default=0)
-    shape = (qkv.batch, qkv.heads, s_max, qkv.head_dim)
-    outs = []
-    for codes, scale, zero, residual, per_channel in (
-        (qkv.k_codes, qkv.k_scale, qkv.k_zero, qkv.k_residual, True),
-        (qkv.v_codes, qkv.v_scale, qkv.v_zero, qkv.v_residual, False),
-    ):
-        out = torch.zeros(shape, dtype=torch.float32, device=qkv.device)
-        if q_max:
-            x = _dequantize_side(codes, scale, zero, qkv.bits, qkv.group_size, q_max, per_channel)
-        for i, (n, nq) in enumerate(zip(seq, qlen, strict=True)):
-            if nq:
-                out[i, :, :nq] = x[i, :, :nq]
-            out[i, :, nq:n] = residual[i, :, : n - nq].float()
-        outs.append(out.to(dtype))
-    return outs[0], outs[1]
 
 
 # ----------------------------------------------------------------------------- AOT specializations

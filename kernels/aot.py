@@ -16,8 +16,8 @@ import sys
 import time
 from dataclasses import dataclass, field
 
-KERNEL_MODULES = ("kernels.packing", "kernels.affine", "kernels.decode", "kernels.page_append", "kernels.int8",
-                  "harness.read_floor")
+KERNEL_MODULES = ("kernels.packing", "kernels.affine", "kernels.decode.launch", "kernels.decode.append", "kernels.int8",
+                  "harness.measure.read_floor")
 
 
 @dataclass(frozen=True)

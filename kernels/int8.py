@@ -30,7 +30,7 @@ Variants (``variant=``):
 
 =================  =========  ==========================================================
 ``torch``          any        the reference, plain torch operations
-``cpu_baseline``   CPU        the seed's C++ baseline (``kernels/cuda/int8_cpu_baseline.cpp``):
+``cpu_baseline``   CPU        the C++ baseline of *GPU-Accelerated KV Cache Quantization* (``kernels/cuda/int8_cpu_baseline.cpp``):
                               OpenMP over columns for scales, serial quantize/dequantize loops;
                               float32 input only
 ``naive``          CUDA       one thread per element (``kernels/cuda/int8_quant.cu``)
@@ -253,7 +253,7 @@ void int8_cuda_dequantize(at::Tensor q, at::Tensor scales, at::Tensor out, int64
 
 @functools.cache
 def cpu_baseline_extension():
-    """The seed's CPU baseline, built once per process through the shared loader."""
+    """The origin document's CPU baseline, built once per process through the shared loader."""
     from .cuda.loader import load_extension
 
     return load_extension(

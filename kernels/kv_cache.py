@@ -24,9 +24,23 @@ Dequantization: ``x_hat = (code - zero) * scale``.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
+
+from ._checks import require_finite, require_int, require_same_device, resolve_backend
+from .affine import (
+    BACKENDS,
+    INPUT_DTYPES,
+    _check_config,
+    _check_head_dim,
+    _check_kv,
+    _check_scales,
+    _launch_quantize,
+    _quantize_torch,
+    dequantize_codes,
+)
+from .packing import unpack_bits
 
 
 class CacheLengths:
@@ -72,9 +86,6 @@ class QuantizedKV(CacheLengths):
     k_residual: torch.Tensor
     v_residual: torch.Tensor
     seq_lens: torch.Tensor
-    # bumped by the cache's own writes (append, reserve, quantize_into): what tells a decode
-    # arrangement built from tensors with no version counter (torch.inference_mode) to rebuild
-    generation: int = field(default=0, repr=False, compare=False)
 
     @property
     def batch(self) -> int:
@@ -106,14 +117,15 @@ class QuantizedKV(CacheLengths):
         dtype: torch.dtype = torch.float16,
         scale_dtype: torch.dtype = torch.float16,
         device: torch.device | str = "cpu",
+        zero_from: int = 0,
     ) -> QuantizedKV:
         """An empty cache (seq_lens 0) with room for ``capacity`` quantized tokens per sequence.
 
         ``capacity`` must be a multiple of ``group_size``; ``head_dim`` a multiple of
-        ``group_size``. Codes, scales and zeros start at zero; the residual window too.
+        ``group_size``. Codes, scales and zeros start at zero from token ``zero_from`` (a
+        multiple of ``group_size``) on, and are left unset before it, for a caller that writes
+        them there; the residual window starts at zero.
         """
-        from .affine import INPUT_DTYPES, _check_config, _check_head_dim
-
         _check_config(bits, group_size, scale_dtype)
         _check_head_dim(head_dim, group_size)
         for name, value in (("batch", batch), ("heads", heads), ("capacity", capacity)):
@@ -124,17 +136,28 @@ class QuantizedKV(CacheLengths):
             raise TypeError(f"dtype must be one of {INPUT_DTYPES} (the dtype of the K/V appended); got {dtype!r}")
         if capacity % group_size:
             raise ValueError(f"capacity must be a multiple of group_size={group_size}; got {capacity}")
+        require_int("zero_from", zero_from)
+        if zero_from < 0 or zero_from % group_size or zero_from > capacity:
+            raise ValueError(f"zero_from must be a multiple of group_size={group_size} in [0, capacity={capacity}]; "
+                             f"got {zero_from}")
         row = head_dim * bits // 8
         kw = {"device": device}
+
+        def tokens(per_token: int, *shape: int, dtype: torch.dtype) -> torch.Tensor:
+            """[B, H, capacity / per_token, *shape], zero from token zero_from on."""
+            x = torch.empty(batch, heads, capacity // per_token, *shape, dtype=dtype, **kw)
+            x[:, :, zero_from // per_token:].zero_()
+            return x
+
         return cls(
             bits=bits,
             group_size=group_size,
-            k_codes=torch.zeros(batch, heads, capacity, row, dtype=torch.uint8, **kw),
-            k_scale=torch.zeros(batch, heads, capacity // group_size, head_dim, dtype=scale_dtype, **kw),
-            k_zero=torch.zeros(batch, heads, capacity // group_size, head_dim, dtype=scale_dtype, **kw),
-            v_codes=torch.zeros(batch, heads, capacity, row, dtype=torch.uint8, **kw),
-            v_scale=torch.zeros(batch, heads, capacity, head_dim // group_size, dtype=scale_dtype, **kw),
-            v_zero=torch.zeros(batch, heads, capacity, head_dim // group_size, dtype=scale_dtype, **kw),
+            k_codes=tokens(1, row, dtype=torch.uint8),
+            k_scale=tokens(group_size, head_dim, dtype=scale_dtype),
+            k_zero=tokens(group_size, head_dim, dtype=scale_dtype),
+            v_codes=tokens(1, row, dtype=torch.uint8),
+            v_scale=tokens(1, head_dim // group_size, dtype=scale_dtype),
+            v_zero=tokens(1, head_dim // group_size, dtype=scale_dtype),
             k_residual=torch.zeros(batch, heads, group_size, head_dim, dtype=dtype, **kw),
             v_residual=torch.zeros(batch, heads, group_size, head_dim, dtype=dtype, **kw),
             seq_lens=torch.zeros(batch, dtype=torch.int32, **kw),
@@ -148,7 +171,6 @@ class QuantizedKV(CacheLengths):
         capacity = -(-capacity // g) * g
         if capacity <= self.capacity:
             return
-        self.generation += 1
         for name, per_token in (
             ("k_codes", 1), ("v_codes", 1), ("v_scale", 1), ("v_zero", 1), ("k_scale", g), ("k_zero", g),
         ):
@@ -174,9 +196,6 @@ class QuantizedKV(CacheLengths):
         scale overflows the scale dtype raises after its codes were written, past
         ``seq_lens`` (where nothing reads them), with ``seq_lens`` and the residual unchanged.
         """
-        from ._checks import require_finite, require_same_device, resolve_backend
-        from .affine import _check_kv, quantize_into
-
         if isinstance(k, torch.Tensor) and isinstance(v, torch.Tensor) and k.dim() == v.dim() == 3:
             k, v = k.unsqueeze(2), v.unsqueeze(2)
         _check_kv(k, v)
@@ -211,8 +230,6 @@ class QuantizedKV(CacheLengths):
             self.reserve(max(need, 2 * self.capacity))
         for sel, q_len, k_all, v_all, full in plans:
             quantize_into(self._rows(sel), k_all[:, :, :full], v_all[:, :, :full], q_len, backend)
-        if any(full for *_, full in plans):  # codes written (the residual window alone is no change)
-            self.generation += 1
         for sel, _, k_all, v_all, full in plans:
             rest = k_all.shape[2] - full
             self.k_residual[sel, :, :rest] = k_all[:, :, full:]
@@ -255,6 +272,180 @@ class QuantizedKV(CacheLengths):
 
     def dequantize(self, *, dtype: torch.dtype | None = None):
         """(k_hat, v_hat) [B, H, max(seq_lens), D]; see :func:`kernels.dequantize_kv`."""
-        from .affine import dequantize_kv
-
         return dequantize_kv(self, dtype=dtype)
+
+
+# ----------------------------------------------------------------------------- filling and reading a cache
+def _check_seq_lens(seq_lens, batch: int, s: int) -> list[int]:
+    if seq_lens is None:
+        return [s] * batch
+    if isinstance(seq_lens, torch.Tensor):
+        if seq_lens.is_floating_point() or seq_lens.dim() != 1:
+            raise TypeError(f"seq_lens must be a 1-d integer tensor or a list of ints; got {seq_lens!r}")
+        seq_lens = seq_lens.tolist()
+    if not isinstance(seq_lens, (list, tuple)):
+        raise TypeError(f"seq_lens must be a 1-d integer tensor or a list of ints; got {type(seq_lens).__name__}")
+    lens = list(seq_lens)
+    if len(lens) != batch or any(isinstance(n, bool) or not isinstance(n, int) for n in lens):
+        raise TypeError(f"seq_lens must hold {batch} ints (one per sequence); got {seq_lens!r}")
+    if any(n < 0 or n > s for n in lens):
+        raise ValueError(f"seq_lens must lie in [0, S={s}]; got {lens}")
+    return lens
+
+
+# ----------------------------------------------------------------------------- public API
+def quantize_into(qkv: QuantizedKV, k: torch.Tensor, v: torch.Tensor, token_offset: int, backend: str,
+                  check: bool = True) -> None:
+    """Quantize whole groups k, v [B, H, T, D] (T a multiple of G) into ``qkv`` at ``token_offset``.
+
+    Writes codes rows [token_offset, token_offset + T), K scale/zero groups
+    [token_offset/G, (token_offset + T)/G) and V scale/zero rows likewise. Leaves
+    ``seq_lens`` and the residual window alone. Raises ValueError (after writing)
+    when a group holds NaN/Inf or its scale overflows the scale dtype; ``check=False`` leaves
+    that to the caller (:func:`_all_finite` over the written scales).
+    """
+    g = qkv.group_size
+    t = k.shape[2]
+    if t == 0:
+        return
+    k_scale = qkv.k_scale[:, :, token_offset // g:(token_offset + t) // g]
+    v_scale = qkv.v_scale[:, :, token_offset:token_offset + t]
+    if backend == "triton":
+        for name in ("k_codes", "k_scale", "k_zero", "v_codes", "v_scale", "v_zero"):
+            if not getattr(qkv, name).is_contiguous():  # the kernel addresses them by their shapes
+                raise ValueError(f"qkv.{name} must be contiguous for backend='triton' (use backend='torch')")
+        for x, codes, scale, zero, per_channel in (
+            (k, qkv.k_codes, qkv.k_scale, qkv.k_zero, True),
+            (v, qkv.v_codes, qkv.v_scale, qkv.v_zero, False),
+        ):
+            _launch_quantize(x, codes, scale, zero, token_offset, g, qkv.bits, per_channel)
+    else:
+        rows = slice(token_offset, token_offset + t)
+        groups = slice(token_offset // g, (token_offset + t) // g)
+        for x, codes, scale, zero, per_channel, sel in (
+            (k, qkv.k_codes, qkv.k_scale, qkv.k_zero, True, groups),
+            (v, qkv.v_codes, qkv.v_scale, qkv.v_zero, False, rows),
+        ):
+            c, s, z = _quantize_torch(x, qkv.bits, g, qkv.scale_dtype, per_channel)
+            codes[:, :, rows] = c
+            scale[:, :, sel] = s
+            zero[:, :, sel] = z
+    if check:
+        _check_scales("k", k, k_scale)
+        _check_scales("v", v, v_scale)
+
+
+def quantize_kv(
+    k: torch.Tensor,
+    v: torch.Tensor,
+    bits: int = 3,
+    *,
+    group_size: int = 64,
+    scale_dtype: torch.dtype = torch.float16,
+    backend: str | None = None,
+    capacity: int | None = None,
+    seq_lens=None,
+) -> QuantizedKV:
+    """Quantize K and V into a packed cache.
+
+    k, v: fp16 / bf16 / fp32 [B, H, S, D], D a multiple of ``group_size``; any S >= 0.
+    Tokens [0, (S // G) * G) are quantized (K per channel over G-token groups, V per
+    token over G-channel groups) and packed; the last S % G tokens stay in the
+    residual window in the input dtype. ``capacity`` (a multiple of G, at least
+    ``ceil(S / G) * G``; that is the default) sets the token capacity of the codes
+    for later :meth:`QuantizedKV.append` calls. ``backend``: ``"torch"`` (reference),
+    ``"triton"`` (compiled on a GPU, interpreted on CPU); ``None`` picks Triton on a GPU.
+    ``seq_lens`` (ints or an int tensor [B], each in [0, S]) keeps only the first
+    seq_lens[i] tokens of sequence i (a ragged batch); by default every sequence holds S.
+    """
+    _check_kv(k, v)
+    _check_config(bits, group_size, scale_dtype)
+    batch, heads, s, d = k.shape
+    _check_head_dim(d, group_size)
+    backend = resolve_backend(backend, k.device, BACKENDS)
+    need = -(-s // group_size) * group_size
+    if capacity is None:
+        capacity = need
+    require_int("capacity", capacity)
+    if capacity % group_size or capacity < need:
+        raise ValueError(
+            f"capacity must be a multiple of group_size={group_size} and at least {need} "
+            f"(S={s} rounded up to whole groups); got {capacity}"
+        )
+    lens = _check_seq_lens(seq_lens, batch, s)
+    rows = [slice(None)] if len(set(lens)) <= 1 else [slice(i, i + 1) for i in range(batch)]
+    fulls = [(lens[sel.start or 0] if lens else 0) // group_size * group_size for sel in rows]
+    # every row past the shortest quantized prefix is zeroed, the rest is written by the kernels:
+    # no pass over the whole cache before they run
+    qkv = QuantizedKV.empty(
+        batch, heads, d, bits=bits, group_size=group_size, capacity=capacity,
+        dtype=k.dtype, scale_dtype=scale_dtype, device=k.device, zero_from=min(fulls, default=0),
+    )
+    for sel, full in zip(rows, fulls, strict=True):
+        n = lens[sel.start or 0] if lens else 0
+        quantize_into(qkv._rows(sel), k[sel, :, :full], v[sel, :, :full], 0, backend, check=False)
+        qkv.k_residual[sel, :, : n - full] = k[sel, :, full:n]
+        qkv.v_residual[sel, :, : n - full] = v[sel, :, full:n]
+    if not _all_finite([qkv.k_scale, qkv.v_scale, qkv.k_residual, qkv.v_residual]):  # one sync for all
+        for sel, full in zip(rows, fulls, strict=True):  # which one, as the checks of each part say it
+            n = lens[sel.start or 0] if lens else 0
+            require_finite("k", k[sel, :, full:n])
+            require_finite("v", v[sel, :, full:n])
+            _check_scales("k", k[sel, :, :full], qkv.k_scale[sel, :, : full // group_size])
+            _check_scales("v", v[sel, :, :full], qkv.v_scale[sel, :, :full])
+    if len(set(lens)) == 1:
+        qkv.seq_lens.fill_(lens[0])  # no host-to-device copy
+    else:
+        qkv.seq_lens.copy_(torch.tensor(lens, dtype=torch.int32))
+    return qkv
+
+
+def _all_finite(tensors: list[torch.Tensor]) -> bool:
+    """Whether every element of every tensor is finite, read back to the host once."""
+    flags = [torch.isfinite(t).all() for t in tensors if t.numel()]
+    return bool(torch.stack(flags).all()) if flags else True
+
+
+def _dequantize_side(codes, scale, zero, bits, group_size, n_tokens, per_channel):
+    q = unpack_bits(codes[:, :, :n_tokens].contiguous(), bits, layout="byte", backend="torch")
+    b, h, t, d = q.shape
+    if per_channel:
+        qg = q.reshape(b, h, t // group_size, group_size, d)
+        x = dequantize_codes(qg, scale[:, :, : t // group_size, None, :], zero[:, :, : t // group_size, None, :])
+    else:
+        qg = q.reshape(b, h, t, d // group_size, group_size)
+        x = dequantize_codes(qg, scale[:, :, :t, :, None], zero[:, :, :t, :, None])
+    return x.reshape(b, h, t, d)
+
+
+def dequantize_kv(qkv: QuantizedKV, *, dtype: torch.dtype | None = None):
+    """Reconstruct (k_hat, v_hat), each [B, H, S, D] with S = max(seq_lens).
+
+    Token t < quantized_lens[i] comes from the codes, ``(q - zero) * scale`` in fp32;
+    tokens up to seq_lens[i] from the residual window; positions past seq_lens[i]
+    are zero. Output dtype: ``dtype`` or the cache's input dtype.
+    """
+    if not isinstance(qkv, QuantizedKV):
+        raise TypeError(f"qkv must be a QuantizedKV; got {type(qkv).__name__}")
+    if dtype is not None and (not isinstance(dtype, torch.dtype) or not dtype.is_floating_point):
+        raise TypeError(f"dtype must be a floating-point torch.dtype (or None: the cache's); got {dtype!r}")
+    dtype = dtype or qkv.dtype
+    seq = qkv.seq_lens.tolist()
+    qlen = qkv.quantized_lens().tolist()
+    s_max = max(seq, default=0)
+    q_max = max(qlen, default=0)
+    shape = (qkv.batch, qkv.heads, s_max, qkv.head_dim)
+    outs = []
+    for codes, scale, zero, residual, per_channel in (
+        (qkv.k_codes, qkv.k_scale, qkv.k_zero, qkv.k_residual, True),
+        (qkv.v_codes, qkv.v_scale, qkv.v_zero, qkv.v_residual, False),
+    ):
+        out = torch.zeros(shape, dtype=torch.float32, device=qkv.device)
+        if q_max:
+            x = _dequantize_side(codes, scale, zero, qkv.bits, qkv.group_size, q_max, per_channel)
+        for i, (n, nq) in enumerate(zip(seq, qlen, strict=True)):
+            if nq:
+                out[i, :, :nq] = x[i, :, :nq]
+            out[i, :, nq:n] = residual[i, :, : n - nq].float()
+        outs.append(out.to(dtype))
+    return outs[0], outs[1]

@@ -9,8 +9,9 @@ bits [b*i, b*i + b). Two views of the same bytes:
   32 values in 3 words (lanes 10 and 21 straddle), exactly GPTQ's 3-bit stream.
 
 Backends: ``torch`` (the reference: an explicit bit-plane expansion, any device),
-``triton`` (the seed's branchless register assembly for bytes and its ``lo | hi``
-straddle formula for words; compiled on a GPU, interpreted on CPU tensors) and
+``triton`` (the branchless register assembly for bytes and the ``lo | hi`` straddle formula for
+words of *Cross-Byte & Cross-Word 3-Bit KV-Cache Packing, Triton Dequantization & Fused
+Flash-Decoding*; compiled on a GPU, interpreted on CPU tensors) and
 ``cuda`` (``kernels/cuda/pack3.cu`` through the loader; b = 3 only).
 """
 
@@ -181,7 +182,7 @@ def _unpack_words_kernel(
     src, dst, n_groups,
     BITS: tl.constexpr, NV: tl.constexpr, NW: tl.constexpr, BLOCK: tl.constexpr,
 ):
-    """Unpack the int32 word layout into b-bit values with the seed's straddle formula.
+    """Unpack the int32 word layout into b-bit values with the origin document's straddle formula.
 
     src: int32 [n_groups * NW]; dst: uint8 [n_groups * NV]. Per lane i with word
     w and shift s: lo = W[w] >> s; hi = (W[w + 1] << (32 - s) & 31) where s + BITS > 32;

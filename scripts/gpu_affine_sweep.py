@@ -1,6 +1,6 @@
 """Tile sweep of the affine quantize kernel on a GPU, K and V apart, against the copy bandwidth
-measured in the same run: which tile (tokens x channels per program, warps) moves the issue's
-fp16 [8, 8, 32768, 128] cache fastest.
+measured in the same run: which tile (tokens x channels per program, warps) moves the
+fp16 [8, 8, 32768, 128] cache of suites/test_bench_affine.py's target fastest.
 
     PYTHONUNBUFFERED=1 python scripts/gpu_affine_sweep.py [--out DIR] [--bits 3] [--group-size 64]
         [--registers 0 96 128 ...]
@@ -24,9 +24,9 @@ sys.path.insert(0, str(ROOT))
 
 import torch  # noqa: E402
 
-from harness.timing import bandwidth_metrics, copy_bandwidth_gbps, median_ms  # noqa: E402
-from kernels.affine import QuantizeTile, _launch_quantize, default_tile, quantize_into  # noqa: E402
-from kernels.kv_cache import QuantizedKV  # noqa: E402
+from harness.measure.timing import bandwidth_metrics, copy_bandwidth_gbps, median_ms  # noqa: E402
+from kernels.affine import QuantizeTile, _launch_quantize, default_tile  # noqa: E402
+from kernels.kv_cache import QuantizedKV, quantize_into  # noqa: E402
 
 SHAPE = (8, 8, 32768, 128)
 

@@ -3,7 +3,7 @@
 #
 #   bash scripts/gpu_bench.sh [LIMIT_S] [pytest args...]
 #
-# LIMIT_S (default 540) caps the benchmark step; records land as each case ends. The seed's CPU
+# LIMIT_S (default 540) caps the benchmark step; records land as each case ends. The INT8 C++ CPU
 # baseline is timed on every shape predicted to take at most KVH_INT8_CPU_LIMIT_S (default here
 # 60 s). Results: $OUT (else reports/bench)/bench.tgz (records, report, JUnit), int8_table.md,
 # summary.md and the log.

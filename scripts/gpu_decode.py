@@ -1,5 +1,5 @@
 """Fused 3-bit decode on a GPU: correctness of the compiled kernels, a layout and split sweep,
-and issue 4's table (fused vs fp16 SDPA vs the unfused path, bandwidth vs measured copy).
+and the decode benchmark's table (fused vs fp16 SDPA vs the unfused path, bandwidth vs measured copy).
 
     PYTHONUNBUFFERED=1 python scripts/gpu_decode.py [--out DIR] [--sweep] [--profile]
 
@@ -23,8 +23,15 @@ sys.path[:0] = [str(ROOT), str(ROOT / "suites")]
 import torch  # noqa: E402
 
 import kernels  # noqa: E402
-from kernels import decode as dec  # noqa: E402
-from kernels.paged import decode_view, paged_from_contiguous  # noqa: E402
+from kernels.decode import (  # noqa: E402
+    DecodePlan,
+    decode_attention,
+    decode_view,
+    paged_from_contiguous,
+    reference_decode,
+)
+from kernels.decode import launch as dec  # noqa: E402
+from kernels.decode import layout as arrangement  # noqa: E402
 
 START = time.perf_counter()
 
@@ -49,8 +56,8 @@ def correctness() -> list[dict]:
         q = random_q(b, hq, d, device="cuda", dtype=dt, seed=s + 1)
         cache = kernels.quantize_kv(k, v, bits, group_size=g, backend="triton")
         out = torch.full_like(q, float("nan"))
-        dec.decode_attention(q, cache, out=out)
-        ref = dec.reference_decode(q, cache)
+        decode_attention(q, cache, out=out)
+        ref = reference_decode(q, cache)
         rows.append({"case": name, "finite": bool(torch.isfinite(out).all()),
                      "max_abs_err": float((out.double() - ref).abs().max()),
                      "tol": 2e-3 if dt == torch.float16 else 1.6e-2})
@@ -62,10 +69,10 @@ def correctness() -> list[dict]:
     cache = varlen_cache(k.cpu(), v.cpu(), lens)
     cache = kernels.QuantizedKV(cache.bits, cache.group_size, *(getattr(cache, f).cuda() for f in (
         "k_codes", "k_scale", "k_zero", "v_codes", "v_scale", "v_zero", "k_residual", "v_residual", "seq_lens")))
-    out = dec.decode_attention(q, cache)
-    ref = dec.reference_decode(q, cache)
+    out = decode_attention(q, cache)
+    ref = reference_decode(q, cache)
     pool = paged_from_contiguous(cache, 256, num_pages=200, generator=torch.Generator().manual_seed(9))
-    same = bool(torch.equal(dec.decode_attention(q, pool), out))
+    same = bool(torch.equal(decode_attention(q, pool), out))
     rows.append({"case": "mixed lengths + paged", "finite": bool(torch.isfinite(out).all()),
                  "max_abs_err": float((out.double() - ref).abs().max()), "tol": 2e-3, "paged_equal": same})
     log(f"check mixed/paged: {rows[-1]}")
@@ -86,13 +93,14 @@ def fused_ms(q, cache, tile=None, warps=None) -> float:
     so that each call reads from DRAM (as the benchmark times it)."""
     from decode_support import clone_cache
 
-    from harness.timing import graph_replay_ms, rotations
+    from harness.measure.timing import graph_replay_ms, rotations
 
     view = decode_view(cache, tile=tile, warps=warps)
     copies = [cache] + [clone_cache(cache) for _ in range(rotations(view.read_bytes()) - 1)]
     views = [view] + [decode_view(c, tile=view.tile, warps=view.warps) for c in copies[1:]]
-    ms = graph_replay_ms([lambda v=v: dec.decode_attention(q, v) for v in views])
-    del views, copies
+    plans = [DecodePlan(v, q.shape[1], q.dtype, cache.capacity) for v in views]
+    ms = graph_replay_ms([lambda p=p: p.run(q) for p in plans])
+    del plans, views, copies
     return ms
 
 
@@ -146,8 +154,8 @@ def tune() -> list[dict]:
 
 
 def grid() -> list[dict]:
-    """Pipeline depth x split target over issue 4's shapes, fused kernel only; sets the best
-    (highest geometric-mean speed over the shapes) for the table."""
+    """Pipeline depth x split target over the benchmark shapes (GPU_BENCH_SHAPES), fused kernel
+    only; sets the best (highest geometric-mean speed over the shapes) for the table."""
     import math
 
     from decode_support import GPU_BENCH_SHAPES
@@ -197,7 +205,7 @@ def profile_one(out_dir: Path) -> None:
     """Run one fused decode (B=1, H=32, D=128, S=128K) a few times, for ncu."""
     _, q, cache = shape_case(1, 32, 32, 131072, 128, seed=21)
     for _ in range(3):
-        dec.decode_attention(q, cache)
+        decode_attention(q, cache)
     torch.cuda.synchronize()
 
 
@@ -220,13 +228,13 @@ def main() -> int:
     if args.programs_per_sm:
         dec.SPLIT_PROGRAMS_PER_SM = args.programs_per_sm
     if args.warps:
-        kernels.paged.DEFAULT_WARPS = args.warps
+        arrangement.DEFAULT_WARPS = args.warps
     if args.profile_one:
         profile_one(out_dir)
         return 0
     import triton
 
-    from harness.timing import copy_bandwidth_gbps
+    from harness.measure.timing import copy_bandwidth_gbps
 
     props = torch.cuda.get_device_properties(0)
     result = {"gpu": props.name, "sms": props.multi_processor_count, "torch": torch.__version__,
@@ -244,7 +252,7 @@ def main() -> int:
             scores[(r["layout"], r["programs_per_sm"])] = scores.get((r["layout"], r["programs_per_sm"]), 0) + r["ms"]
         (layout, target), _ = min(scores.items(), key=lambda kv: kv[1])
         dec.SPLIT_PROGRAMS_PER_SM = target
-        kernels.paged.DEFAULT_WARPS = int(layout.split("w")[1])
+        arrangement.DEFAULT_WARPS = int(layout.split("w")[1])
         log(f"table uses {layout}, {target} programs per SM")
     if args.grid:
         result["grid"] = grid()
@@ -254,7 +262,7 @@ def main() -> int:
         dec.NUM_STAGES, dec.MAX_REGISTERS = best["num_stages"], best["maxnreg"]
         log(f"table uses num_stages={dec.NUM_STAGES} maxnreg={dec.MAX_REGISTERS}")
     result["programs_per_sm"] = dec.SPLIT_PROGRAMS_PER_SM
-    result["warps"] = kernels.paged.DEFAULT_WARPS
+    result["warps"] = arrangement.DEFAULT_WARPS
     result["num_stages"], result["maxnreg"] = dec.NUM_STAGES, dec.MAX_REGISTERS
     if args.bench:
         result["table"] = bench_suite(out_dir)
@@ -267,7 +275,7 @@ def main() -> int:
                "--section", "WarpStateStats", "--section", "Occupancy", "--section", "LaunchStats",
                "--section", "InstructionStats", "--section", "SchedulerStats",
                sys.executable, __file__, "--profile-one", "--out", str(out_dir),
-               "--warps", str(kernels.paged.DEFAULT_WARPS)]
+               "--warps", str(arrangement.DEFAULT_WARPS)]
         if dec.SPLIT_PROGRAMS_PER_SM:
             cmd += ["--programs-per-sm", str(dec.SPLIT_PROGRAMS_PER_SM)]
         try:

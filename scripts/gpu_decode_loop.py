@@ -61,8 +61,8 @@ def host_ms(fn, n=200) -> float:
 def host_breakdown(plan, q, cache) -> dict:
     """Host time of the pieces of a planned step: the split kernel through its compiled launcher and
     through the JIT function, an output allocation, the lengths' update."""
-    from kernels._launch import specialization
-    from kernels.decode import _decode_split_kernel
+    from kernels.decode.direct_launch import specialization
+    from kernels.decode.kernel import _decode_split_kernel
 
     split = plan._split
     key = specialization(q)
@@ -131,7 +131,7 @@ def main() -> None:
                                                     "(page_append.WORD_SHARES)")
     args = ap.parse_args()
     if args.word_shares:
-        from kernels import page_append
+        from kernels.decode import append as page_append
 
         page_append.WORD_SHARES = args.word_shares
     out = Path(args.out)

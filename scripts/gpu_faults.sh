@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One GPU visit for the fault side of the harness: the crash-isolation tests on the GPU (an
-# illegal address costs one test), every planted bug of harness/mutants.py against the compiled
-# kernels, compute-sanitizer over every GPU kernel, one report over both.
+# illegal address costs one test), every planted bug of harness/checks/mutant_catalogue.py
+# against the compiled kernels, compute-sanitizer over every GPU kernel, one report over both.
 #
 #   bash scripts/gpu_faults.sh [LIMIT_S]
 #

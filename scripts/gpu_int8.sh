@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# INT8 per-channel quantization on a GPU box: compile checks, the 25 seed test categories on every
-# variant, then the ten-shape benchmark, and the speedup table built from its records.
+# INT8 per-channel quantization on a GPU box: compile checks, the 25 test categories of
+# GPU-Accelerated KV Cache Quantization on every variant, then the ten-shape benchmark, and the
+# speedup table built from its records.
 #
 #   bash scripts/gpu_int8.sh [results-dir]      (default reports/runs/int8-<UTC time>)
 #

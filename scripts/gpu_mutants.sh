@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
-# On a GPU box: every planted bug of harness/mutants.py compiled on the GPU (CUDA-source and
-# compiled-Triton mutants included), then compute-sanitizer memcheck, racecheck and initcheck
-# over every GPU kernel (harness/sanitize.py), and one report over both.
+# On a GPU box: every planted bug of harness/checks/mutant_catalogue.py compiled on the GPU
+# (CUDA-source and compiled-Triton mutants included), then compute-sanitizer memcheck, racecheck
+# and initcheck over every GPU kernel (harness/checks/sanitize.py), and one report over both.
 #
-#   bash scripts/gpu_mutants.sh [PART] [more harness.mutants options]
+#   bash scripts/gpu_mutants.sh [PART] [more harness.checks.mutants options]
 #
 # PART: all (default), or one slice that fits a 10-minute command limit on its own:
 #   packing | int8 | affine | decode | read-floor   the mutants of those files (see PARTS)
@@ -14,7 +14,7 @@
 # $OUT/mutants-report.html. Environment: KVH_MUTANT_JOBS (parallel mutants, default 4),
 # KVH_EXT_DIR (CUDA extension builds, default /tmp/kvh_ext, kept across parts),
 # KVH_SANITIZE_JOBS (kernels under the sanitizer at once, default 4), KVH_SANITIZE_KERNELS
-# (a space-separated subset of `python -m harness.sanitize --list`, default every kernel),
+# (a space-separated subset of `python -m harness.checks.sanitize --list`, default every kernel),
 # COMPUTE_SANITIZER (the executable when it is not on PATH or in /usr/local/cuda*/bin).
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -32,7 +32,7 @@ PARTS=(
   "packing packing.py pack3.cu"
   "int8 int8"
   "affine affine.py kv_cache.py"
-  "decode decode.py paged.py"
+  "decode decode/"
   "read-floor read_floor.py"
 )
 
@@ -51,14 +51,14 @@ mutants() {  # mutants NAME MATCH...
   local name="$1"
   shift
   rm -rf "$out/gpu-mutants-$name"
-  python -m harness.mutants --jobs "$jobs" --results-dir "$out/gpu-mutants-$name" --match "$@" \
+  python -m harness.checks.mutants --jobs "$jobs" --results-dir "$out/gpu-mutants-$name" --match "$@" \
     ${EXTRA:+$EXTRA} || status=1
 }
 
 sanitize() {
   rm -rf "$out/gpu-sanitize"
   # shellcheck disable=SC2086  # KVH_SANITIZE_KERNELS is a list of names
-  python -m harness.sanitize --results-dir "$out/gpu-sanitize" --jobs "${KVH_SANITIZE_JOBS:-4}" \
+  python -m harness.checks.sanitize --results-dir "$out/gpu-sanitize" --jobs "${KVH_SANITIZE_JOBS:-4}" \
     ${KVH_SANITIZE_KERNELS:+--kernels $KVH_SANITIZE_KERNELS} || status=1
 }
 

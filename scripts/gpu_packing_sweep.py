@@ -25,7 +25,12 @@ sys.path.insert(0, str(ROOT))
 import torch  # noqa: E402
 import triton  # noqa: E402
 
-from harness.timing import bandwidth_metrics, copy_bandwidth_gbps, median_ms, write_bandwidth_gbps  # noqa: E402
+from harness.measure.timing import (  # noqa: E402
+    bandwidth_metrics,
+    copy_bandwidth_gbps,
+    median_ms,
+    write_bandwidth_gbps,
+)
 from kernels import pack_bits, packing, unpack_bits  # noqa: E402
 
 # The experiment is compiled in one unit after the library's pack3.cu, whose lane helpers it uses.

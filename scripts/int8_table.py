@@ -2,9 +2,10 @@
 
     python scripts/int8_table.py reports/runs/<run>/records.jsonl > reports/baselines/int8_<gpu>.md
 
-First the seed's summary (best variant per shape and its speedups), then every variant, then the
-issue's target at 131072 x 4096: best variant >= 1.25x torch.compile on quant + dequant and
->= 90% of the copy bandwidth measured in the same run.
+First the summary in the form of GPU-Accelerated KV Cache Quantization's results table (best
+variant per shape and its speedups, the shapes named as there), then every variant, then the
+target at 131072 x 4096: best variant >= 1.25x torch.compile on quant + dequant and >= 90% of
+the copy bandwidth measured in the same run.
 """
 
 from __future__ import annotations
@@ -17,7 +18,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from harness.records import read_records  # noqa: E402
 
-SEED_NAMES = {
+# The shapes' names in the results table of GPU-Accelerated KV Cache Quantization.
+SHAPE_NAMES = {
     "1024x64": "Trivial Correctness",
     "2048x128": "Small",
     "16384x256": "Medium",
@@ -68,7 +70,7 @@ def main(argv: list[str]) -> int:
     if not shapes:
         print(f"{args.records}: no passed bench_int8 record", file=sys.stderr)
         return 1
-    order = [s for s in SEED_NAMES if s in shapes] + [s for s in shapes if s not in SEED_NAMES]
+    order = [s for s in SHAPE_NAMES if s in shapes] + [s for s in shapes if s not in SHAPE_NAMES]
     print("## INT8 per-channel quantize + dequantize: best variant per shape\n")
     print(
         "| Test | Shape (T x D) | Best variant | total ms | vs CPU baseline | vs torch eager | vs torch.compile "
@@ -84,7 +86,7 @@ def main(argv: list[str]) -> int:
         best_of[shape] = (variant, m)
         sp = m.get("speedup", {})
         print(
-            f"| {SEED_NAMES.get(shape, '')} | {shape} | {variant} | {_fmt(m['ms'])} | {_fmt(sp.get('cpu_baseline'))}x "
+            f"| {SHAPE_NAMES.get(shape, '')} | {shape} | {variant} | {_fmt(m['ms'])} | {_fmt(sp.get('cpu_baseline'))}x "
             f"| {_fmt(sp.get('torch_eager'))}x | {_fmt(sp.get('torch_compile'))}x | {_fmt(m.get('gbps'), 4)} "
             f"| {_fmt(m.get('pct_of_peak'))} | {_fmt(m.get('l2_err'))} | {_fmt(m.get('max_abs_err'))} "
             f"| {_fmt(m.get('attn_err'))} |"

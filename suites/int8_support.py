@@ -1,6 +1,7 @@
 """Shared pieces of the INT8 suites: (device, variant) cases, data, an independent oracle, metrics.
 
-The data helpers and metrics are the seed's ``matrix.c`` ones (random fill in a range, a random
+The data helpers and metrics are the ``matrix.c`` ones of
+*GPU-Accelerated KV Cache Quantization* (random fill in a range, a random
 query vector, L2 / max-abs reconstruction error, the attention surrogate mean |Q.K - Q.K_hat|).
 The oracle recomputes the INT8 contract in float64 numpy with an explicit float32 rounding after
 every operation; float64 holds every float32 product exactly and rounds float32 quotients
@@ -42,7 +43,7 @@ def variant_cases(*, exclude: tuple[str, ...] = ()) -> list:
 
 
 def consistency_cases() -> list:
-    """(device, base, other): on CUDA every variant against naive (the seed's pairs), on CPU against torch."""
+    """(device, base, other): on CUDA every variant against naive (the origin document's pairs), on CPU against torch."""
     cases = []
     for device, base, names in (("cpu", "torch", CPU_VARIANTS), ("cuda", "naive", GPU_VARIANTS)):
         for variant in names:
@@ -73,7 +74,7 @@ def skip_unless_served(variant: str, D: int) -> None:
 def fill_range(
     shape, lo: float, hi: float, *, seed: int, device="cpu", dtype=torch.float32
 ) -> torch.Tensor:
-    """Uniform random values in [lo, hi] (the seed's random matrix fill)."""
+    """Uniform random values in [lo, hi] (the origin document's random matrix fill)."""
     gen = torch.Generator().manual_seed(seed)
     values = torch.rand(shape, generator=gen, dtype=torch.float64) * (hi - lo) + lo
     return values.to(dtype).to(device)
@@ -82,7 +83,7 @@ def fill_range(
 def query_fill(
     D: int, *, seed: int, lo: float = -1.0, hi: float = 1.0, device="cpu"
 ) -> torch.Tensor:
-    """A random query vector [D] in [lo, hi] (the seed's query fill for the attention surrogate)."""
+    """A random query vector [D] in [lo, hi] (the origin document's query fill for the attention surrogate)."""
     return fill_range((D,), lo, hi, seed=seed, device=device)
 
 
@@ -105,7 +106,7 @@ def max_abs_error(a: torch.Tensor, b: torch.Tensor) -> float:
 
 
 def attention_error(query: torch.Tensor, k: torch.Tensor, k_hat: torch.Tensor) -> float:
-    """mean over rows t of |Q . K[t] - Q . K_hat[t]| in float64 (the seed's attention surrogate)."""
+    """mean over rows t of |Q . K[t] - Q . K_hat[t]| in float64 (the origin document's attention surrogate)."""
     q = query.double().to(k.device)
     return float((k.double() @ q - k_hat.double() @ q).abs().mean())
 

@@ -36,9 +36,8 @@ from kernels.affine import (
     dequantize_codes,
     quantize_codes,
     quantize_dequantize,
-    quantize_into,
 )
-from kernels.kv_cache import QuantizedKV
+from kernels.kv_cache import QuantizedKV, quantize_into
 
 BITS = (2, 3, 4, 8)
 SCALE_DTYPES = (torch.float16, torch.float32)

@@ -2,10 +2,10 @@
 
 Per shape: the fused 3-bit kernel, fp16 scaled_dot_product_attention on the original K/V and
 the unfused path (dequantize, then SDPA): ms per call (graph-replayed, inputs rotated past the
-L2: harness.timing.graph_replay_ms), speedups, and GB/s and % of the copy bandwidth measured in
+L2: harness.measure.timing.graph_replay_ms), speedups, and GB/s and % of the copy bandwidth measured in
 the same run, over the bytes the fused kernel must read; on a GPU also the read floor of those
-bytes (harness.read_floor: one kernel that only reads them, timed alike) and the fused kernel's
-speed as a percentage of it. Issue 4's shapes on a GPU; one tiny shape in the interpreter on CPU.
+bytes (harness.measure.read_floor: one kernel that only reads them, timed alike) and the fused kernel's
+speed as a percentage of it. The benchmark shapes (decode_support.GPU_BENCH_SHAPES) on a GPU; one tiny shape in the interpreter on CPU.
 """
 
 from __future__ import annotations

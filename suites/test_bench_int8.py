@@ -1,13 +1,13 @@
-"""INT8 per-channel benchmark over the seed's ten shapes (two smallest without a GPU).
+"""INT8 per-channel benchmark over the ten shapes of *GPU-Accelerated KV Cache Quantization* (two smallest without a GPU).
 
 One case per (shape, variant): quantize ms (scales pass + finite check + codes), dequantize ms and
 their total; speedups of the total over the CPU baseline, torch eager and torch.compile (timed
 once per shape, same input); GB/s over the fewest bytes moved (scales pass reads 4 B/element,
 quantize reads 4 B and writes 1 B, dequantize reads 1 B and writes 4 B) and % of the device copy
-bandwidth measured in the same run; the seed's errors: reconstruction L2 and max-abs, and the
+bandwidth measured in the same run; the origin document's errors: reconstruction L2 and max-abs, and the
 attention surrogate mean_t |Q.K[t] - Q.K_hat[t]|.
 
-GPU timings are CUDA-event medians (harness.timing.median_ms) over inputs rotated through enough
+GPU timings are CUDA-event medians (harness.measure.timing.median_ms) over inputs rotated through enough
 copies to exceed 4x the L2 cache. The CPU baseline is timed by wall clock with 1-3 repetitions,
 only where its predicted time is at most CPU_BASELINE_LIMIT_S; other shapes record it as skipped
 with the reason. torch.compile on CPU tensors costs about 40 s of C++ builds, so without a GPU it
@@ -26,7 +26,7 @@ import time
 import pytest
 import torch
 
-from harness.timing import bandwidth_metrics, median_ms
+from harness.measure.timing import bandwidth_metrics, median_ms
 from kernels import int8
 from suites.int8_support import attention_error, kv_matrix, l2_error, max_abs_error, query_fill, tag
 
@@ -57,7 +57,7 @@ BASELINES = ("cpu_baseline", "torch_eager", "torch_compile")
 def _variants() -> list[str]:
     names = list(int8.variants_for(DEVICE))
     if "cpu_baseline" not in names:
-        names.append("cpu_baseline")  # on a GPU box: the seed's CPU code on the host's cores
+        names.append("cpu_baseline")  # on a GPU box: the origin document's CPU code on the host's cores
     return names + ["torch_compile"]
 
 
@@ -223,7 +223,7 @@ def test_bench_int8(record, T, D, variant):
             ms=total,
             quant_ms=quant_ms,
             dequant_ms=dequant_ms,
-            reference=True,  # the seed's baseline: its timing is compared, never a regression
+            reference=True,  # the origin document's baseline: its timing is compared, never a regression
             timing="wall clock, median of 1-3 runs",
             speedup={"cpu_baseline": 1.0},
             **_bytes_per_s(T, D, quant_ms, dequant_ms),

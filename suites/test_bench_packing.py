@@ -12,7 +12,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from harness.timing import bandwidth_metrics, median_ms, write_bandwidth_gbps
+from harness.measure.timing import bandwidth_metrics, median_ms, write_bandwidth_gbps
 from kernels.packing import pack_bits, unpack_bits
 from suites.packing_support import device_backend_params
 

@@ -86,7 +86,7 @@ def test_every_byte_state_unpacks_and_packs_back(record, device, backend, layout
 @pytest.mark.parametrize(("device", "backend"), [p for p in device_backend_params(3) if p.values[0] == "cuda"])
 def test_exhaustive_round_trip_time_on_gpu(record, device, backend):
     """Time the whole exhaustive check on the GPU: generate, pack, unpack, compare (median)."""
-    from harness.timing import median_ms
+    from harness.measure.timing import median_ms
 
     record.backend, record.device, record.variant = backend, device, "byte"
 

@@ -10,8 +10,7 @@ import torch
 from decode_support import random_kv, random_q
 
 import kernels
-from kernels import paged
-from kernels.decode import decode_attention
+from kernels.decode import decode_attention, layout, paged
 
 # Triton runs on CUDA tensors on a GPU box and on CPU tensors in the interpreter elsewhere
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
@@ -112,15 +111,15 @@ CASES = {
                         "tile"),
     "layout_unserved": (lambda c: paged.decode_view(c, tile=16, warps=4), ValueError, "warps"),
     "paged_wrong_type": (lambda c: paged.paged_to_contiguous(c), TypeError, "PagedQuantizedKV"),
-    "words_unknown_role": (lambda c: paged.words_from_codes(c.k_codes[:, :, :64], 3, "x"), ValueError,
+    "words_unknown_role": (lambda c: layout.words_from_codes(c.k_codes[:, :, :64], 3, "x"), ValueError,
                            "role must be one of"),
-    "words_tile_not_served": (lambda c: paged.words_from_codes(c.k_codes[:, :, :96], 3, "k", tile=48), ValueError,
+    "words_tile_not_served": (lambda c: layout.words_from_codes(c.k_codes[:, :, :96], 3, "k", tile=48), ValueError,
                               "tile and warps must be in"),
-    "words_rows_not_whole_tiles": (lambda c: paged.words_from_codes(c.k_codes[:, :, :96], 3, "k"), ValueError,
+    "words_rows_not_whole_tiles": (lambda c: layout.words_from_codes(c.k_codes[:, :, :96], 3, "k"), ValueError,
                                    "T a multiple of tile=64"),
-    "codes_from_words_wrong_width": (lambda c: paged.codes_from_words(
+    "codes_from_words_wrong_width": (lambda c: layout.codes_from_words(
         torch.zeros(1, 1, 1, 100, dtype=torch.int32, device=DEVICE), 3, "k", 64), ValueError, "words must be [..., T/tile, "),
-    "codes_from_words_float": (lambda c: paged.codes_from_words(
+    "codes_from_words_float": (lambda c: layout.codes_from_words(
         torch.zeros(1, 1, 1, 384, dtype=torch.float32, device=DEVICE), 3, "k", 64), TypeError, "words must have dtype int32"),
 }
 

@@ -23,8 +23,13 @@ from decode_support import (
 )
 
 import kernels
-from kernels.decode import decode_attention, reference_decode
-from kernels.paged import decode_view, paged_from_contiguous
+from kernels.decode import (
+    decode_attention,
+    decode_view,
+    paged_from_contiguous,
+    paged_to_contiguous,
+    reference_decode,
+)
 
 pytestmark = pytest.mark.parametrize("device", device_params())
 
@@ -35,7 +40,7 @@ def _cache(k, v, bits=3, group_size=64, **kw):
 
 @pytest.mark.parametrize("backend", ["triton", "torch"])
 def test_seed_case(record, device, backend):
-    """The seed's case: B*H = 8, S = 256, D = 64, 3 bits."""
+    """The case of *Cross-Byte & Cross-Word 3-Bit KV-Cache Packing, Triton Dequantization & Fused Flash-Decoding*: B*H = 8, S = 256, D = 64, 3 bits."""
     k, v = random_kv(2, 4, 256, 64, device=device, seed=10)
     q = random_q(2, 4, 64, device=device, seed=11)
     run_checked(record, q, _cache(k, v), backend=backend, original=(k, v))
@@ -188,7 +193,7 @@ def test_paged_equals_contiguous(record, device):
     out_paged = run_checked(record, q, paged)
     out_contig = decode_attention(q, cache, backend="triton")
     assert torch.equal(out_paged, out_contig)
-    back = kernels.paged.paged_to_contiguous(paged)
+    back = paged_to_contiguous(paged)
     for name in ("k_codes", "v_codes", "k_scale", "k_zero", "v_scale", "v_zero"):
         assert torch.equal(getattr(back, name)[:, :, : getattr(cache, name).shape[2]], getattr(cache, name)), name
     record.add(pages=paged.num_pages, page_size=paged.page_size)
@@ -309,7 +314,7 @@ def test_scale_words_and_the_16_bit_fallback(record, device, moved):
     """The kernel loads its 16-bit scales and zeros as 32-bit words (two K channels, a token's two V
     groups) where every row is 4-byte aligned; a cache whose scales start mid-word takes the
     16-bit loads. Both match the reference and each other."""
-    from kernels import decode
+    from kernels.decode import launch as decode
 
     k, v = random_kv(1, 2, 300, 128, device=device, seed=190)
     q = random_q(1, 4, 128, device=device, seed=191)
@@ -327,7 +332,7 @@ def test_scale_words_and_the_16_bit_fallback(record, device, moved):
 def test_scale_words_needs_16_bit_pairs(record, device):
     """fp32 scales, one V group per token, or zeros with other strides than their scales keep the
     16-bit (or 32-bit) loads."""
-    from kernels import decode
+    from kernels.decode import launch as decode
 
     k, v = random_kv(1, 1, 128, 128, device=device, seed=192)
     record.backend, record.device = "triton", str(device)

@@ -13,9 +13,9 @@ import triton.language as tl
 from decode_support import device_params, random_kv, varlen_cache
 
 import kernels
-from kernels import paged
 from kernels._runtime import triton_interpreted
-from kernels.decode import _q_operand, _three_bit_pairs, _weight_operand
+from kernels.decode import layout, paged
+from kernels.decode.kernel import _q_operand, _three_bit_pairs, _weight_operand
 from kernels.packing import unpack_bits
 
 
@@ -25,11 +25,11 @@ def _served(d: int, tile: int, warps: int) -> bool:
 
 # every bit width and head dim with the layouts the kernel picks; the other layouts at 3 bits
 LAYOUTS = sorted({
-    (bits, d, *paged.default_layout(d, g))
-    for bits, d, g in itertools.product((2, 3, 4), paged.DECODE_HEAD_DIMS, (32, 64, 128)) if d % g == 0
+    (bits, d, *layout.default_layout(d, g))
+    for bits, d, g in itertools.product((2, 3, 4), layout.DECODE_HEAD_DIMS, (32, 64, 128)) if d % g == 0
 } | {
     (3, d, tile, warps)
-    for d, tile, warps in itertools.product(paged.DECODE_HEAD_DIMS, paged.TILES, paged.WARPS)
+    for d, tile, warps in itertools.product(layout.DECODE_HEAD_DIMS, layout.TILES, layout.WARPS)
     if _served(d, tile, warps)
 })
 
@@ -44,7 +44,7 @@ def test_bit_table_is_a_bijection(record, bits, classes):
     """Every (value, bit) of a 32-value group sits in exactly one (plane, position), and both
     values of a register pair sit at the same offset of the two 16-bit halves (3 bits: with two
     and with three classes of codes)."""
-    table = paged.decode_bit_table(bits, classes)
+    table = layout.decode_bit_table(bits, classes)
     assert sorted(table) == [(n, i) for n in range(32) for i in range(bits)]
     where = {entry: slot for slot, entry in enumerate(table)}
     for n in range(0, 32, 2):
@@ -67,15 +67,15 @@ def test_three_bit_classes(record, classes):
         probes[plane, plane * 32:(plane + 1) * 32] = 1 << torch.arange(32)
     counts = [0, 0, 0]
     for w in (words, probes):
-        evens, odds = paged.three_bit_classes(*w, classes)
-        values = paged.unpack_group(list(w), 3, classes).reshape(-1, 16, 2)  # [X, register, half]
+        evens, odds = layout.three_bit_classes(*w, classes)
+        values = layout.unpack_group(list(w), 3, classes).reshape(-1, 16, 2)  # [X, register, half]
         for r in range(16):  # register r: bit 0 of r picks the list, bits 3..1 the _join8 position
             k = (r >> 3 & 1) | (r >> 2 & 1) << 1 | (r >> 1 & 1) << 2
             reg, cls = (odds if r & 1 else evens)[k]
             want = 2 if classes == 3 and (r >> 1) & 3 == 3 else r & 1
             assert cls == want, (r, cls, want)
             counts[cls] += w is words
-            assert not bool((reg & ~paged.THREE_BIT_FIELDS[cls]).any())
+            assert not bool((reg & ~layout.THREE_BIT_FIELDS[cls]).any())
             assert torch.equal(values[:, r, 0], (reg >> 3 * cls) & 0xFFFF)
             assert torch.equal(values[:, r, 1], reg >> (16 + 3 * cls))
     assert counts == ([8, 8, 0] if classes == 2 else [6, 6, 4])
@@ -97,7 +97,7 @@ def _three_bit_pairs_probe(w_ptr, out_ptr, N: tl.constexpr, CLASSES: tl.constexp
 @pytest.mark.parametrize("device", device_params())
 def test_kernel_three_bit_pairs_match_the_twin(record, device, classes):
     """The kernel's _three_bit_pairs (compiled on a GPU, interpreted on CPU) returns, word for word,
-    the registers of kernels.paged.three_bit_classes in the twin's join order (each at its class's
+    the registers of kernels.decode.layout.three_bit_classes in the twin's join order (each at its class's
     field): random words and every single bit of the three planes, with two and three classes."""
     gen = torch.Generator().manual_seed(304)
     n = 256
@@ -108,8 +108,8 @@ def test_kernel_three_bit_pairs_match_the_twin(record, device, classes):
     words = torch.where(words >= 2**31, words - 2**32, words).to(torch.int32)
     out = torch.full((n, 16), -1, dtype=torch.int32, device=device)
     _three_bit_pairs_probe[(1,)](words.to(device), out, N=n, CLASSES=classes)
-    evens, odds = paged.three_bit_classes(*(words.to(torch.int64) & 0xFFFFFFFF), classes)
-    want = paged._join(paged._join8([r for r, _ in evens]), paged._join8([r for r, _ in odds])).reshape(n, 16)
+    evens, odds = layout.three_bit_classes(*(words.to(torch.int64) & 0xFFFFFFFF), classes)
+    want = layout._join(layout._join8([r for r, _ in evens]), layout._join8([r for r, _ in odds])).reshape(n, 16)
     want = torch.where(want >= 2**31, want - 2**32, want).to(torch.int32)
     errors = int((out.cpu() != want).sum())
     record.backend, record.device, record.variant = "triton", device, "layout"
@@ -136,7 +136,7 @@ def test_kernel_weight_operand(record, device, tile, half, vcols):
     w = torch.randn(tile, half, generator=gen) * 10.0 ** torch.randint(-4, 2, (tile, half), generator=gen)
     out = torch.full((tile, vcols), float("nan"), dtype=torch.float16, device=device)
     _weight_operand_probe[(1,)](w.to(device), out, T=tile, HALF=half, VCOLS=vcols, INTERPRET=triton_interpreted())
-    want = w.half()[paged.kernel_token_order(tile)][:, torch.arange(vcols) // (vcols // half)]
+    want = w.half()[layout.kernel_token_order(tile)][:, torch.arange(vcols) // (vcols // half)]
     errors = int((out.cpu().view(torch.int16) != want.view(torch.int16)).sum())
     record.backend, record.device, record.variant = "triton", device, "layout"
     record.add(states_checked=tile * vcols, bit_errors=errors)
@@ -178,14 +178,14 @@ def test_tile_arrangement_round_trip(record, bits, d, tile, warps):
     values = unpack_bits(codes, bits)
     errors = 0
     for role in ("k", "v"):
-        words = paged.words_from_codes(codes, bits, role, tile, warps)
+        words = layout.words_from_codes(codes, bits, role, tile, warps)
         assert words.shape == (2, 3, 2, tile * d * bits // 32)
-        errors += int((paged.codes_from_words(words, bits, role, d, tile, warps) != codes).sum())
-        tiles = paged.unpack_tile(words, bits, role, d, tile, warps)
+        errors += int((layout.codes_from_words(words, bits, role, d, tile, warps) != codes).sum())
+        tiles = layout.unpack_tile(words, bits, role, d, tile, warps)
         want = values.reshape(2, 3, 2, tile, d)
         errors += int((tiles != (want if role == "k" else want.transpose(-1, -2))).sum())
         noise = torch.randint(-2**31, 2**31 - 1, words.shape, dtype=torch.int64, generator=gen).to(torch.int32)
-        back = paged.words_from_codes(paged.codes_from_words(noise, bits, role, d, tile, warps), bits, role,
+        back = layout.words_from_codes(layout.codes_from_words(noise, bits, role, d, tile, warps), bits, role,
                                       tile, warps)
         errors += int((back != noise).sum())
     _record(record, states_checked=4 * codes.numel() * 8, bit_errors=errors)
@@ -197,12 +197,12 @@ def test_threads_hold_their_mma_fragments(record, d, tile, warps):
     """Thread T's values are exactly the m16n8k16 B-operand fragment it holds with warps along N:
     lanes carry (k2, k3, n0, n1, n2), warps n3 n4..., registers every other bit."""
     for role in ("k", "v"):
-        n, k = paged.tile_shape(role, d, tile)
+        n, k = layout.tile_shape(role, d, tile)
         threads = 32 * warps
         per = n * k // threads
         # tag every value with its thread: the word arrangement of a tile whose value is T
         owner = torch.arange(threads).repeat_interleave(per).reshape(threads, per)
-        placed = paged._place(owner, n, k, warps)  # [N, K] -> owning thread
+        placed = layout._place(owner, n, k, warps)  # [N, K] -> owning thread
         rows = torch.arange(n)[:, None]
         cols = torch.arange(k)[None, :]
         lane = ((cols >> 2) & 3) | ((rows & 7) << 2)
@@ -220,33 +220,33 @@ def test_thread_words_lie_in_runs(record, bits, d, tile, warps):
     threads = 32 * warps
     checked = 0
     for role in ("k", "v"):
-        n, k = paged.tile_shape(role, d, tile)
+        n, k = layout.tile_shape(role, d, tile)
         per = n * k // threads
-        nrg = paged.groups_per_thread(n, k, warps)
-        run = paged.run_length(nrg)
+        nrg = layout.groups_per_thread(n, k, warps)
+        run = layout.run_length(nrg)
         assert run == min(nrg, 4)  # 16-byte accesses
-        owner, group = (paged.natural_from_held(paged._place(x.reshape(threads, per), n, k, warps), role) for x in (
+        owner, group = (layout.natural_from_held(layout._place(x.reshape(threads, per), n, k, warps), role) for x in (
             torch.arange(threads).repeat_interleave(per), torch.arange(per).repeat(threads) // 32))
         slot = torch.arange(bits * nrg * threads)  # [plane, run, thread, word]
         slot_owner, slot_group = (slot // run) % threads, (slot // (run * threads)) % (nrg // run) * run + slot % run
         for t in sorted({0, 1, 5, threads - 1}):
             for f in range(nrg):
                 codes = torch.where((owner == t) & (group == f), (1 << bits) - 1, 0).to(torch.uint8)
-                words = paged.pack_tile(codes, bits, role, d, tile, warps)
+                words = layout.pack_tile(codes, bits, role, d, tile, warps)
                 want = torch.where((slot_owner == t) & (slot_group == f), -1, 0).to(torch.int32)
                 assert torch.equal(words, want), (role, t, f)
                 checked += words.numel()
     _record(record, states_checked=checked * 32, bit_errors=0)
 
 
-@pytest.mark.parametrize("tile", paged.TILES)
+@pytest.mark.parametrize("tile", layout.TILES)
 def test_v_token_order(record, tile):
     """At the V product's reduction index k the kernel reads token kernel_token_order(tile)[k]: a
     permutation inside each 16 tokens under which lane c's indices k = 4c .. 4c + 3 (of each 16)
     hold tokens 2c, 2c + 1 of each 8, each register's two halves (k, k + 1) tokens t and t + 8
     (one thread's two rows of the logits' accumulator); the packed V tile holds its codes in that
     order."""
-    order = paged.kernel_token_order(tile)
+    order = layout.kernel_token_order(tile)
     errors = int((order.sort().values != torch.arange(tile)).sum())
     errors += int(((order >> 4) != (torch.arange(tile) >> 4)).sum())
     for block, c in itertools.product(range(tile // 16), range(4)):
@@ -257,9 +257,9 @@ def test_v_token_order(record, tile):
     # the stored V tile follows the order: as the kernel holds it (before unpack_tile puts the
     # tokens back in order), column k of the words' values is token order[k]
     codes = torch.randint(0, 8, (2, 128, tile), dtype=torch.uint8)
-    words = paged.pack_tile(codes, 3, "v", 128, tile, 1)
-    errors += int((paged.held_tile(words, 3, "v", 128, tile, 1) != codes[:, :, order]).sum())
-    errors += int((paged.unpack_tile(words, 3, "v", 128, tile, 1) != codes).sum())
+    words = layout.pack_tile(codes, 3, "v", 128, tile, 1)
+    errors += int((layout.held_tile(words, 3, "v", 128, tile, 1) != codes[:, :, order]).sum())
+    errors += int((layout.unpack_tile(words, 3, "v", 128, tile, 1) != codes).sum())
     _record(record, states_checked=tile, bit_errors=errors)
     assert errors == 0
 
@@ -279,52 +279,39 @@ def test_paged_round_trip(record):
     _record(record, states_checked=cache.nbytes(), bit_errors=0, pages=pool.num_pages)
 
 
-def test_view_is_cached_and_follows_appends(record):
-    """The decode view is built once; an append inside the residual window keeps it, one that
-    completes a group (codes change) and a capacity change rebuild it."""
-    k, v = random_kv(1, 1, 140, 64, seed=210)
-    cache = kernels.quantize_kv(k[:, :, :100], v[:, :, :100], 3, backend="torch", capacity=128)
-    first = paged.decode_view(cache)
-    assert paged.decode_view(cache) is first
-    cache.append(k[:, :, 100], v[:, :, 100], backend="torch")
-    assert paged.decode_view(cache) is first
-    cache.append(k[:, :, 101:128], v[:, :, 101:128], backend="torch")  # completes group 1
-    second = paged.decode_view(cache)
-    assert second is not first
-    cache.append(k[:, :, 128:140], v[:, :, 128:140], backend="torch")
-    cache.reserve(512)
-    third = paged.decode_view(cache)
-    assert third is not second and third.page_size == 512
-    want = paged.words_from_codes(cache.k_codes, 3, "k", third.tile, third.warps)
-    assert torch.equal(third.k_words.reshape(want.shape), want)
-    _record(record, states_checked=3, bit_errors=0)
-
-
 @pytest.mark.parametrize("device", device_params())
-def test_view_follows_the_cache_under_inference_mode(record, device):
-    """Tensors made under torch.inference_mode keep no version counter: the view is rebuilt by
-    the cache's own write count (an append that completes a group), kept otherwise, and decodes
-    as the reference does."""
-    k, v = random_kv(1, 2, 140, 64, seed=211, device=device)
+@pytest.mark.parametrize("inference", [False, True], ids=["grad-mode", "inference-mode"])
+def test_decode_follows_a_contiguous_cache_as_it_grows(record, device, inference):
+    """Nothing is cached between calls: after an append inside the residual window, one that
+    completes a group and a capacity change, each decode equals the reference over the cache as
+    it is then, also for tensors made under torch.inference_mode (no version counters); each
+    decode_view is a new arrangement of the codes as they are."""
+    k, v = random_kv(1, 2, 140, 64, seed=210, device=device)
     q = torch.randn(1, 2, 64, generator=torch.Generator().manual_seed(212)).half().to(device)
-    with torch.inference_mode():
+    errors = []
+    with torch.inference_mode(inference):
         cache = kernels.quantize_kv(k[:, :, :100], v[:, :, :100], 3, backend="torch", capacity=128)
         first = paged.decode_view(cache)
-        cache.append(k[:, :, 100], v[:, :, 100], backend="torch")  # residual window only
-        assert paged.decode_view(cache) is first
-        cache.append(k[:, :, 101:140], v[:, :, 101:140], backend="torch")  # completes group 1
-        assert paged.decode_view(cache) is not first
-        out = kernels.decode_attention(q, cache, backend="triton")
-        err = float((out.double() - kernels.decode.reference_decode(q, cache)).abs().max())
-    assert err <= 2e-3
+        for grow in (lambda: cache.append(k[:, :, 100], v[:, :, 100], backend="torch"),  # residual window
+                     lambda: cache.append(k[:, :, 101:130], v[:, :, 101:130], backend="torch"),  # completes a group
+                     lambda: cache.reserve(512),
+                     lambda: cache.append(k[:, :, 130:140], v[:, :, 130:140], backend="torch")):
+            grow()
+            out = kernels.decode_attention(q, cache, backend="triton")
+            errors.append(float((out.double() - kernels.decode.reference_decode(q, cache)).abs().max()))
+        view = paged.decode_view(cache)
+    assert view is not first and view.page_size == 512
+    want = layout.words_from_codes(cache.k_codes, 3, "k", view.tile, view.warps)
+    assert torch.equal(view.k_words.reshape(want.shape), want)
+    assert max(errors) <= 2e-3, errors
     record.backend, record.device, record.variant = "triton", device, "layout"
-    record.add(states_checked=out.numel(), max_abs_err=err)
+    record.add(states_checked=len(errors) * out.numel(), max_abs_err=max(errors))
 
 
 @pytest.mark.parametrize("device", device_params())
 def test_view_takes_the_caches_residual_window_as_it_is_now(record, device):
-    """A cached view decodes with the residual tensors the cache holds now, also when they were
-    replaced by new tensors after the view was built."""
+    """A decode takes the residual tensors the cache holds now, also when they were replaced by new
+    tensors after a view of the cache was made."""
     k, v = random_kv(1, 1, 100, 64, seed=213, device=device)
     cache = kernels.quantize_kv(k, v, 3, backend="torch")
     paged.decode_view(cache)
@@ -342,7 +329,7 @@ def test_a_layout_given_in_part_keeps_what_was_given(record):
     """tile or warps alone: the one given is kept, the other is the default's."""
     k, v = random_kv(1, 1, 128, 128, seed=215)
     cache = kernels.quantize_kv(k, v, 3, backend="torch")
-    default_tile, _ = paged.default_layout(128, 64)
+    default_tile, _ = layout.default_layout(128, 64)
     view = paged.decode_view(cache, warps=2)
     assert (view.tile, view.warps) == (default_tile, 2)
     pool = paged.paged_from_contiguous(cache, 64, tile=32)
@@ -361,28 +348,28 @@ def test_read_bytes(record):
     _record(record, states_checked=1, bytes=view.read_bytes())
 
 
-@pytest.mark.parametrize("d, g", [(d, g) for d, g in itertools.product(paged.DECODE_HEAD_DIMS, (32, 64, 128))
+@pytest.mark.parametrize("d, g", [(d, g) for d, g in itertools.product(layout.DECODE_HEAD_DIMS, (32, 64, 128))
                                   if d % g == 0])
 def test_default_layout_takes_the_fewest_warps_that_fit(record, d, g):
     """The kernel's layout: the largest tile inside one K scale group (at most DEFAULT_TILE), on
     the fewest warps from DEFAULT_WARPS up that hold its fragments (D = 256 needs two warps for
     64 tokens), and never fewer warps than a smaller DEFAULT_WARPS setting would give."""
-    tile, warps = paged.default_layout(d, g)
-    assert tile == min(paged.DEFAULT_TILE, g)
-    paged.check_arrangement(d, tile, warps)
-    assert warps >= paged.DEFAULT_WARPS
-    for fewer in (w for w in paged.WARPS if paged.DEFAULT_WARPS <= w < warps):
+    tile, warps = layout.default_layout(d, g)
+    assert tile == min(layout.DEFAULT_TILE, g)
+    layout.check_arrangement(d, tile, warps)
+    assert warps >= layout.DEFAULT_WARPS
+    for fewer in (w for w in layout.WARPS if layout.DEFAULT_WARPS <= w < warps):
         with pytest.raises(ValueError):
-            paged.check_arrangement(d, tile, fewer)
+            layout.check_arrangement(d, tile, fewer)
     _record(record, states_checked=1, layout=f"t{tile}w{warps}")
 
 
 def test_default_warps_is_a_floor(record, monkeypatch):
     """Raising DEFAULT_WARPS (as the GPU sweep does) moves every default layout up to it."""
-    monkeypatch.setattr(paged, "DEFAULT_WARPS", 2)
-    assert paged.default_layout(128, 64) == (64, 2)
-    assert paged.default_layout(256, 128) == (64, 2)
-    monkeypatch.setattr(paged, "DEFAULT_WARPS", 1)
-    assert paged.default_layout(128, 64) == (64, 1)
-    assert paged.default_layout(64, 32) == (32, 1)
+    monkeypatch.setattr(layout, "DEFAULT_WARPS", 2)
+    assert layout.default_layout(128, 64) == (64, 2)
+    assert layout.default_layout(256, 128) == (64, 2)
+    monkeypatch.setattr(layout, "DEFAULT_WARPS", 1)
+    assert layout.default_layout(128, 64) == (64, 1)
+    assert layout.default_layout(64, 32) == (32, 1)
     _record(record, states_checked=4)

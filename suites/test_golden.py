@@ -1,4 +1,5 @@
-"""Golden vectors from the seed's explicit formulas, written out here independently of the
+"""Golden vectors from the explicit formulas of
+*Cross-Byte & Cross-Word 3-Bit KV-Cache Packing, Triton Dequantization & Fused Flash-Decoding*, written out here independently of the
 code under test: b0/b1/b2 from v0..v7 for packing and v0..v7 from b0/b1/b2 for unpacking."""
 
 from __future__ import annotations

@@ -8,7 +8,7 @@ import sys
 import pytest
 import torch
 
-from harness.subproc import env_with_repo
+from harness.run.subproc import env_with_repo
 from kernels import int8
 from kernels._runtime import triton_interpreted
 from suites.int8_support import CUDA

@@ -8,7 +8,7 @@ Seed names and where they live here (each parametrized over every variant of the
   test_consistency_naive_tiled / _coarsened / _vectorized -> test_consistency[device-base-variant]
   test_stress_cpu_large (2048 x 128), test_stress_gpu_large (4096 x 256) -> same names
 Correctness is bit for bit against the float64 oracle (codes, scales and reconstructions), not
-"within integer-rounding tolerance" as in the seed.
+"within integer-rounding tolerance" as in *GPU-Accelerated KV Cache Quantization*.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The paged KV cache a server decodes on (:class:`kernels.page_cache.PagedKVCache`).
+"""The paged KV cache a server decodes on (:class:`kernels.decode.cache.PagedKVCache`).
 
 Growing a ragged batch token by token and in (ragged) chunks stores exactly what one-shot
 quantization of each sequence stores; the torch and Triton appends write the same pool; the
@@ -30,8 +30,7 @@ from affine_support import fresh_seed, gpu_or_small  # noqa: F401  (the seed fix
 from decode_support import device_params, errors, poisoned_like, tolerance
 
 import kernels
-from kernels.decode import decode_attention, reference_decode
-from kernels.page_cache import PagedKVCache
+from kernels.decode import PagedKVCache, decode_attention, reference_decode
 
 BACKENDS = ("torch", "triton")
 
@@ -534,7 +533,7 @@ def test_cuda_graph_step_replays(record, seed, device, history):
 
 _PAST_THE_RESERVATION = r"""
 import json, sys, torch
-from kernels.page_cache import PagedKVCache
+from kernels.decode import PagedKVCache
 seed, attend = int(sys.argv[1]), sys.argv[2] == "append+attend"
 gen = torch.Generator().manual_seed(seed)
 H, D, G, P = 8, 128, 64, 256

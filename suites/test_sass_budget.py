@@ -1,5 +1,5 @@
 """Static instruction budget of the fused decode and the quantize kernels, from their sm_90
-machine code, on any machine (harness/sass.py): registers, spills, and for the decode split
+machine code, on any machine (harness/measure/sass.py): registers, spills, and for the decode split
 loop its SASS instructions per K/V element and thread, the figure an issue-bound kernel is
 judged by (ncu on the H200 counts about as many as the static figure). Figures only:
 the cases fail when a kernel does not compile or its machine code cannot be read."""
@@ -25,7 +25,7 @@ CASES = {  # specialization -> what its figures stand for
 }
 
 
-MODULES = ("kernels.decode", "kernels.affine")
+MODULES = ("kernels.decode.launch", "kernels.affine")
 
 
 def compiled_budget(name: str) -> dict:
@@ -34,7 +34,7 @@ def compiled_budget(name: str) -> dict:
     (one case per child, so that the cases spread over pytest-xdist workers); where kernels
     are compiled anyway (a GPU run) it compiles here, from Triton's cache when warm."""
     if not triton_interpreted():
-        from harness.sass import figures
+        from harness.measure.sass import figures
         from kernels.aot import collect_specs
 
         specs, problems = collect_specs(MODULES)
@@ -43,7 +43,7 @@ def compiled_budget(name: str) -> dict:
             return {"returncode": 1, "stderr": "; ".join(problems) or f"no specialization {name}", "found": {}}
         return {"returncode": 0, "stderr": "", "found": {name: figures(spec, 90)}}
     env = {**os.environ, "TRITON_INTERPRET": "0", "PYTHONPATH": str(ROOT)}
-    out = subprocess.run([sys.executable, "-m", "harness.sass", "--arch", "90", "--json",
+    out = subprocess.run([sys.executable, "-m", "harness.measure.sass", "--arch", "90", "--json",
                           "--module", *MODULES, "--name", name],
                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
     found = {}

@@ -1,5 +1,5 @@
-"""The command lines nox runs (harness/commands.py), the GPU worker pinning plugin
-(harness/gpu_workers.py), the pipeline's pure parts, the Dockerfile and the workflows."""
+"""The command lines nox runs (harness/run/commands.py), the GPU worker pinning plugin
+(harness/run/gpu_workers.py), the pipeline's pure parts, the Dockerfile and the workflows."""
 
 from __future__ import annotations
 
@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from harness import commands, gpu_workers, pipeline
-from harness.commands import GpuLeg, InterpreterLeg
+from harness.run import commands, gpu_workers, legs, pipeline
+from harness.run.legs import GpuLeg, InterpreterLeg
 
 ROOT = Path(__file__).resolve().parent.parent
 LEG = GpuLeg("2.11.0", "3.6.0", "13.0.1", "cu130")
@@ -28,25 +28,25 @@ def _version(v: str) -> tuple[int, ...]:
 
 
 def test_interpreter_legs_cover_three_triton_releases_with_one_torch():
-    tritons = [leg.triton for leg in commands.INTERPRETER_LEGS]
+    tritons = [leg.triton for leg in legs.INTERPRETER_LEGS]
     assert len(set(tritons)) >= 3
-    assert {leg.torch for leg in commands.INTERPRETER_LEGS} == {commands.CPU_TORCH}
+    assert {leg.torch for leg in legs.INTERPRETER_LEGS} == {legs.CPU_TORCH}
     assert min(tritons, key=_version) == "3.4.0"  # the oldest release pyproject admits
-    assert len({leg.name for leg in commands.INTERPRETER_LEGS}) == len(tritons)
+    assert len({leg.name for leg in legs.INTERPRETER_LEGS}) == len(tritons)
 
 
 def test_gpu_legs_are_consistent():
-    names = [leg.name for leg in commands.GPU_LEGS]
+    names = [leg.name for leg in legs.GPU_LEGS]
     assert len(set(names)) == len(names) >= 3
     tag = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}$")
-    for leg in commands.GPU_LEGS:
+    for leg in legs.GPU_LEGS:
         # load_inline refuses an nvcc whose CUDA major differs from torch's build
         assert leg.index == "cu" + "".join(leg.cuda.split(".")[:2]), leg
         repo, _, version = leg.image.partition(":")
-        assert repo == commands.IMAGE_NAME and tag.match(version), leg.image
+        assert repo == legs.IMAGE_NAME and tag.match(version), leg.image
         assert leg.cuda_image == f"nvidia/cuda:{leg.cuda}-devel-ubuntu24.04"
         assert leg.torch_index_url == f"https://download.pytorch.org/whl/{leg.index}"
-    assert ("2.11.0", "3.6.0") in {(leg.torch, leg.triton) for leg in commands.GPU_LEGS}
+    assert ("2.11.0", "3.6.0") in {(leg.torch, leg.triton) for leg in legs.GPU_LEGS}
 
 
 def test_session_ids_are_nox_parametrize_ids():
@@ -56,21 +56,21 @@ def test_session_ids_are_nox_parametrize_ids():
 
 
 def test_compile_versions_are_the_union_of_both_tables_oldest_first():
-    versions = commands.compile_triton_versions()
-    expected = {leg.triton for leg in commands.INTERPRETER_LEGS} | {leg.triton for leg in commands.GPU_LEGS}
+    versions = legs.compile_triton_versions()
+    expected = {leg.triton for leg in legs.INTERPRETER_LEGS} | {leg.triton for leg in legs.GPU_LEGS}
     assert set(versions) == expected
     assert list(versions) == sorted(versions, key=_version)
 
 
 def test_leg_lookup():
-    assert commands.interpreter_leg("3.4.0").name == "cpu-torch2.13.0-triton3.4.0"
-    assert commands.gpu_leg("2.11.0", "3.6.0").name == "gpu-torch2.11.0-triton3.6.0"
+    assert legs.interpreter_leg("3.4.0").name == "cpu-torch2.13.0-triton3.4.0"
+    assert legs.gpu_leg("2.11.0", "3.6.0").name == "gpu-torch2.11.0-triton3.6.0"
     with pytest.raises(ValueError, match="no interpreter leg for triton '9.9.9'"):
-        commands.interpreter_leg("9.9.9")
+        legs.interpreter_leg("9.9.9")
     with pytest.raises(ValueError, match="no GPU leg"):
-        commands.gpu_leg("2.11.0", "3.4.0")
-    assert commands.installed_leg_name("2.11.0+cu130", "3.6.0", gpu=True) == "gpu-torch2.11.0+cu130-triton3.6.0"
-    assert commands.installed_leg_name("2.13.0+cpu", "3.9.0", gpu=False) == "cpu-torch2.13.0+cpu-triton3.9.0"
+        legs.gpu_leg("2.11.0", "3.4.0")
+    assert legs.installed_leg_name("2.11.0+cu130", "3.6.0", gpu=True) == "gpu-torch2.11.0+cu130-triton3.6.0"
+    assert legs.installed_leg_name("2.13.0+cpu", "3.9.0", gpu=False) == "cpu-torch2.13.0+cpu-triton3.9.0"
 
 
 # -- install and pytest commands -------------------------------------------------------------------
@@ -90,7 +90,7 @@ def test_pytest_command_pins_gpus_before_anything_else():
     cmd = commands.pytest_command(PY, ["suites"], marker="not bench", results_dir="r/x", leg="L",
                                   workers=2, pin_gpus=True, timeout=900, timeout_method="thread",
                                   extra=["-k", "pack"])
-    assert cmd == [PY, "-m", "pytest", "-p", "harness.gpu_workers", "suites", "-m", "not bench",
+    assert cmd == [PY, "-m", "pytest", "-p", "harness.run.gpu_workers", "suites", "-m", "not bench",
                    "--results-dir", "r/x", "--leg", "L", "-n", "2", "--dist", "worksteal",
                    "--timeout=900", "--timeout-method=thread", "-k", "pack"]
 
@@ -119,7 +119,7 @@ def test_plan_tests_runs_unit_tests_and_suites_in_the_interpreter():
                          "--results-dir", "reports/runs/tests-cpu-L", "--leg", "cpu-L",
                          "-n", "auto", "--dist", "worksteal", f"--timeout={commands.DEFAULT_TIMEOUT_S}"]
     assert step.env["TRITON_INTERPRET"] == "1" and step.env["CUDA_VISIBLE_DEVICES"] == ""
-    assert "harness.gpu_workers" not in step.argv
+    assert "harness.run.gpu_workers" not in step.argv
 
 
 def test_plan_tests_ignores_gpus():
@@ -129,7 +129,7 @@ def test_plan_tests_ignores_gpus():
 
 def test_plan_gpu_verify_spreads_suites_over_gpus_then_benchmarks_serially():
     suites, bench = commands.plan("gpu_verify", python=PY, leg="gpu-L", gpus=["2", "3"], timeout=600)
-    assert suites.argv == [PY, "-m", "pytest", "-p", "harness.gpu_workers", "suites", "-m", "not bench",
+    assert suites.argv == [PY, "-m", "pytest", "-p", "harness.run.gpu_workers", "suites", "-m", "not bench",
                            "--results-dir", "reports/runs/gpu_verify-gpu-L", "--leg", "gpu-L",
                            "-n", "2", "--dist", "worksteal", "--timeout=600", "--timeout-method=thread"]
     assert suites.env["KVH_GPUS"] == "2,3" and suites.env["TRITON_INTERPRET"] == "0"
@@ -157,10 +157,10 @@ def test_plan_gpu_verify_benchmarks_run_on_the_first_gpu_with_its_builds(tmp_pat
 
 def test_plan_gpu_suites_compile_each_triton_kernel_once_unless_a_cache_manager_is_chosen():
     suites, bench = commands.plan("gpu_verify", python=PY, leg="L", gpus=["0", "1"], environ={})
-    assert suites.env["TRITON_CACHE_MANAGER"] == "harness.triton_cache:CompileOnceCacheManager"
+    assert suites.env["TRITON_CACHE_MANAGER"] == "harness.compile.triton_cache:CompileOnceCacheManager"
     assert "TRITON_CACHE_MANAGER" not in bench.env  # one process: nothing to share
     module, name = suites.env["TRITON_CACHE_MANAGER"].split(":")
-    assert module == "harness.triton_cache" and name == "CompileOnceCacheManager"
+    assert module == "harness.compile.triton_cache" and name == "CompileOnceCacheManager"
     (own,) = commands.plan("gpu_verify", python=PY, leg="L", gpus=["0"], bench=False,
                            environ={"TRITON_CACHE_MANAGER": "mine:Manager"})
     assert "TRITON_CACHE_MANAGER" not in own.env  # the user's choice is inherited untouched
@@ -302,7 +302,7 @@ def test_gpu_workflow_never_runs_pull_requests_on_the_gpu_runner():
     for trigger in ("push:", "workflow_dispatch:", "schedule:"):
         assert f"\n  {trigger}" in text
     assert "github.event.repository.fork != true" in text
-    assert "python -m harness.commands matrix gpu" in text
+    assert "python -m harness.run.commands matrix gpu" in text
     assert 'nox -s "$SESSION" -- gpu_verify' in text and "matrix.leg.container_session" in text
     assert '>> "$GITHUB_STEP_SUMMARY"' in text
 
@@ -322,7 +322,7 @@ def test_workflow_uploads_are_unique_and_unconditional():
 
 def test_ci_workflow_runs_every_interpreter_leg_lint_and_compile_matrix():
     text = _workflow("ci.yml")
-    assert "python -m harness.commands matrix interpreter" in text
+    assert "python -m harness.run.commands matrix interpreter" in text
     assert 'nox -s "$SESSION"' in text and "matrix.leg.session" in text
     assert "nox -s lint" in text and "nox -s compile_matrix" in text
     assert "runs-on: ubuntu-latest" in text and "self-hosted" not in text
@@ -330,8 +330,8 @@ def test_ci_workflow_runs_every_interpreter_leg_lint_and_compile_matrix():
 
 def test_matrix_rows_and_cli(capsys):
     gpu = commands.matrix("gpu")
-    assert [r["name"] for r in gpu] == [leg.name for leg in commands.GPU_LEGS]
-    assert gpu[1]["container_session"] == commands.GPU_LEGS[1].container_session
+    assert [r["name"] for r in gpu] == [leg.name for leg in legs.GPU_LEGS]
+    assert gpu[1]["container_session"] == legs.GPU_LEGS[1].container_session
     assert commands.matrix("interpreter", "cpu-torch2.13.0-triton3.6.0") == [
         {"name": "cpu-torch2.13.0-triton3.6.0", "torch": "2.13.0", "triton": "3.6.0",
          "session": "tests(triton='3.6.0')"}]
@@ -503,13 +503,13 @@ def test_leg_run_dirs_hold_every_step_of_every_plan():
 
 @pytest.mark.parametrize("leg", ["gpu-torch2.11.0+cu130-triton3.6.0", "cpu-torch2.13.0+cpu-triton3.9.0", "L"])
 def test_leg_names_as_the_legs_spell_them_are_taken(leg):
-    assert commands.leg_name(leg) == leg
+    assert legs.leg_name(leg) == leg
 
 
 @pytest.mark.parametrize("leg", ["", ".", "..", "x/../..", "a b", "-rf", "../up"])
 def test_a_leg_name_that_is_no_plain_name_is_refused(leg, capsys):
     with pytest.raises(ValueError, match="a leg name is"):
-        commands.leg_name(leg)
+        legs.leg_name(leg)
     with pytest.raises(SystemExit):
         pipeline.main(["tests", "--leg", leg])
     assert "--leg" in capsys.readouterr().err
@@ -539,7 +539,7 @@ def test_pipeline_end_to_end_writes_steps_and_a_report_that_shows_them(tmp_path)
     and wall time, and the steps file, with exit code 0."""
     reports = tmp_path / "reports"
     proc = subprocess.run(
-        [sys.executable, "-m", "harness.pipeline", "tests", "--reports-dir", str(reports),
+        [sys.executable, "-m", "harness.run.pipeline", "tests", "--reports-dir", str(reports),
          "-k", "test_extension_name_follows_the_source_and_flags", "-p", "no:cacheprovider"],
         cwd=ROOT, capture_output=True, text=True, timeout=600,
     )

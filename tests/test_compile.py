@@ -3,7 +3,7 @@
 The Triton interpreter accepts kernels that the compiler rejects, so each leg (each
 triton release) also compiles every Triton kernel ahead of time for sm_90, and compiles
 every CUDA source with nvcc where nvcc exists (a source whose identical inputs compiled
-before, on an earlier leg, is recalled from harness.compile_cuda's cache).
+before, on an earlier leg, is recalled from harness.compile.compile_cuda's cache).
 """
 
 from __future__ import annotations
@@ -38,7 +38,7 @@ def test_every_triton_kernel_compiles_for_sm90(record):
 def test_the_read_floor_kernel_is_among_the_kernels_compiled_ahead_of_time():
     code = ("from kernels.aot import collect_specs, compile_spec\n"
             "for spec in collect_specs()[0]:\n"
-            "    if spec.kernel.fn.__module__ == 'harness.read_floor':\n"
+            "    if spec.kernel.fn.__module__ == 'harness.measure.read_floor':\n"
             "        print(spec.name, len(compile_spec(spec, 90).asm['cubin']))\n")
     result = _run("-c", code)
     assert result.returncode == 0, result.stderr[-3000:]
@@ -49,7 +49,7 @@ def test_the_read_floor_kernel_is_among_the_kernels_compiled_ahead_of_time():
 
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not installed on this machine")
 def test_every_cuda_source_compiles_with_nvcc(record):
-    result = _run("-m", "harness.compile_cuda")
+    result = _run("-m", "harness.compile.compile_cuda")
     record.backend, record.variant = "cuda", "nvcc-sm_90"
     record.add(states_checked=result.stdout.count("\nok ") + result.stdout.startswith("ok "),
                cached=result.stdout.count("(cached: "))
@@ -78,8 +78,8 @@ def _source(tmp_path, text="__global__ void k() {}\n"):
 
 
 def test_nvcc_cache_key_ignores_venv_paths_and_follows_every_input(tmp_path):
-    from harness import commands
-    from harness.compile_cuda import cache_key
+    from harness.compile.compile_cuda import cache_key
+    from harness.run import commands
 
     tool = {"nvcc": "13.0", "torch": "2.13.0", "torch_commit": "abc", "python_headers": "3.11", "shims": {}}
 
@@ -92,7 +92,7 @@ def test_nvcc_cache_key_ignores_venv_paths_and_follows_every_input(tmp_path):
 
 
 def test_an_identical_compile_is_recalled_and_a_changed_source_compiles_again(tmp_path):
-    from harness.compile_cuda import compile_one
+    from harness.compile.compile_cuda import compile_one
 
     src, cache, nvcc = _source(tmp_path), tmp_path / "cache", FakeNvcc()
     first = compile_one(src, "sm_90", ["/inc"], tmp_path, {"nvcc": "13.0"}, cache, run=nvcc)
@@ -108,7 +108,7 @@ def test_an_identical_compile_is_recalled_and_a_changed_source_compiles_again(tm
 
 
 def test_the_toolchain_identity_follows_the_compiler_environment(tmp_path, monkeypatch):
-    from harness.compile_cuda import toolchain_identity
+    from harness.compile.compile_cuda import toolchain_identity
 
     base = {"PATH": "/usr/bin:/bin"}
     same = toolchain_identity({}, run=FakeNvcc(), environ=base)
@@ -120,7 +120,7 @@ def test_the_toolchain_identity_follows_the_compiler_environment(tmp_path, monke
 
 
 def test_an_unwritable_cache_costs_only_the_recall(tmp_path, capsys):
-    from harness.compile_cuda import compile_one
+    from harness.compile.compile_cuda import compile_one
 
     blocker = tmp_path / "file"
     blocker.write_text("not a directory")
@@ -130,7 +130,7 @@ def test_an_unwritable_cache_costs_only_the_recall(tmp_path, capsys):
 
 
 def test_a_failed_compile_is_never_remembered_and_a_broken_entry_compiles_again(tmp_path):
-    from harness.compile_cuda import compile_one
+    from harness.compile.compile_cuda import compile_one
 
     src, cache = _source(tmp_path), tmp_path / "cache"
     failing = FakeNvcc(fail=True)

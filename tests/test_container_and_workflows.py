@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from harness import commands
+from harness.run import commands
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -8,7 +8,7 @@ import subprocess
 
 import pytest
 
-from harness import env
+from harness.run import env
 
 
 @pytest.mark.skipif(shutil.which("git") is None, reason="needs git")

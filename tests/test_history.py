@@ -158,7 +158,7 @@ def test_command_line(tmp_path, capsys, monkeypatch):
 
 
 def test_the_pipeline_records_its_runs_and_survives_a_broken_history(tmp_path, capsys):
-    from harness.pipeline import record_history
+    from harness.run.pipeline import record_history
 
     runs_dirs = [str(_run(tmp_path, "g1")), str(_run(tmp_path, "g2"))]
     db = tmp_path / "p.sqlite"

@@ -17,7 +17,7 @@ import pytest
 nox = pytest.importorskip("nox")
 from nox.command import CommandFailed  # noqa: E402
 
-from harness import commands  # noqa: E402
+from harness.run import commands, legs  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 NO_GPU = {**os.environ, "CUDA_VISIBLE_DEVICES": ""}
@@ -117,10 +117,10 @@ def test_every_session_is_listed_with_a_one_line_description(listing):
 
 def test_parametrized_ids_are_the_declared_legs(listing):
     ids = {session for _, session, _ in listing}
-    assert {leg.session for leg in commands.INTERPRETER_LEGS} <= ids
-    assert {leg.session for leg in commands.GPU_LEGS} <= ids
-    assert {leg.container_session for leg in commands.GPU_LEGS} <= ids
-    assert len([s for s in ids if s.startswith("tests(")]) == len(commands.INTERPRETER_LEGS)
+    assert {leg.session for leg in legs.INTERPRETER_LEGS} <= ids
+    assert {leg.session for leg in legs.GPU_LEGS} <= ids
+    assert {leg.container_session for leg in legs.GPU_LEGS} <= ids
+    assert len([s for s in ids if s.startswith("tests(")]) == len(legs.INTERPRETER_LEGS)
 
 
 def test_plain_nox_runs_what_ci_runs(listing):
@@ -147,7 +147,7 @@ def test_nox_gpu_verify_no_venv_refuses_without_cuda():
     assert "gpu_verify needs a CUDA device" in text
     skipped = [line for line in text.splitlines()
                if line.startswith("nox > Session gpu_verify(") and "skipped: --no-venv" in line]
-    assert len(skipped) == len(commands.GPU_LEGS) - 1
+    assert len(skipped) == len(legs.GPU_LEGS) - 1
 
 
 # -- what the sessions install and run --------------------------------------------------------------
@@ -159,7 +159,7 @@ def test_tests_session_installs_the_leg_and_runs_the_pipeline(tmp_path, monkeypa
     session = FakeSession(tmp_path, posargs=["-k", "pack"])
     noxfile.tests(session, triton="3.4.0")
     assert session.installs() == commands.install_commands("2.13.0", "3.4.0")
-    assert session.runs() == [("python", "-m", "harness.pipeline", "tests", "--leg",
+    assert session.runs() == [("python", "-m", "harness.run.pipeline", "tests", "--leg",
                                "cpu-torch2.13.0-triton3.4.0", "-k", "pack")]
 
 
@@ -171,7 +171,7 @@ def test_torch_index_url_from_the_environment(tmp_path, monkeypatch):
     assert session.installs()[0] == ["--index-url", "https://example.invalid/cpu", "torch==2.13.0"]
 
 
-@pytest.mark.parametrize("failing", [(), ("harness.pipeline",)], ids=["passed", "failed"])
+@pytest.mark.parametrize("failing", [(), ("harness.run.pipeline",)], ids=["passed", "failed"])
 def test_a_leg_venv_is_dropped_when_asked_whether_the_leg_passed_or_not(tmp_path, monkeypatch, failing):
     monkeypatch.setenv("KVH_DROP_LEG_VENVS", "1")
     noxfile = load_noxfile()
@@ -218,7 +218,7 @@ def test_no_venv_runs_a_family_once_on_the_installed_stack(tmp_path):
     first = FakeSession(tmp_path, venv_backend="none")
     noxfile.tests(first, triton="3.4.0")
     assert first.installs() == []
-    assert first.runs() == [(sys.executable, "-m", "harness.pipeline", "tests")]
+    assert first.runs() == [(sys.executable, "-m", "harness.run.pipeline", "tests")]
     with pytest.raises(Stop, match="skip: --no-venv: tests already ran"):
         noxfile.tests(FakeSession(tmp_path, venv_backend="none"), triton="3.6.0")
     gpu = FakeSession(tmp_path, venv_backend="none", posargs=["--no-bench"])
@@ -240,11 +240,11 @@ def test_gpu_verify_leg_installs_its_pins_from_its_index(tmp_path, monkeypatch):
     monkeypatch.setenv("KVH_TORCH_INDEX_URL", "https://example.invalid/cpu")  # for CPU sessions only
     noxfile = load_noxfile()
     monkeypatch.setattr(noxfile, "_require_cuda_driver", lambda session: None)
-    leg = commands.GPU_LEGS[0]
+    leg = legs.GPU_LEGS[0]
     session = FakeSession(tmp_path)
     noxfile.gpu_verify(session, torch=leg.torch, triton=leg.triton)
     assert session.installs() == commands.install_commands(leg.torch, leg.triton, index_url=leg.torch_index_url)
-    assert session.runs() == [("python", "-m", "harness.pipeline", "gpu_verify", "--leg", leg.name)]
+    assert session.runs() == [("python", "-m", "harness.run.pipeline", "gpu_verify", "--leg", leg.name)]
 
 
 def test_gpu_verify_leg_refuses_before_installing_without_a_gpu(tmp_path, monkeypatch):
@@ -264,8 +264,8 @@ def test_verify_and_bench_install_the_default_stack(tmp_path, monkeypatch):
     for name in ("verify", "bench"):
         session = FakeSession(tmp_path)
         getattr(noxfile, name)(session)
-        assert session.installs() == commands.install_commands(commands.CPU_TORCH, "3.6.0")
-        assert session.runs() == [("python", "-m", "harness.pipeline", name)]
+        assert session.installs() == commands.install_commands(legs.CPU_TORCH, "3.6.0")
+        assert session.runs() == [("python", "-m", "harness.run.pipeline", name)]
 
 
 def test_report_session_installs_only_the_report_extra(tmp_path):
@@ -273,7 +273,7 @@ def test_report_session_installs_only_the_report_extra(tmp_path):
     session = FakeSession(tmp_path, posargs=["reports/runs/tests-a"])
     noxfile.report(session)
     assert session.installs() == [["jinja2>=3.1", "matplotlib>=3.8"]]
-    assert session.runs() == [("python", "-m", "harness.pipeline", "report", "reports/runs/tests-a")]
+    assert session.runs() == [("python", "-m", "harness.run.pipeline", "report", "reports/runs/tests-a")]
 
 
 def test_lint_runs_every_linter_and_names_the_failures(tmp_path):
@@ -302,7 +302,7 @@ def test_compile_matrix_swaps_triton_and_checks_cu_files(tmp_path, monkeypatch):
     aot = tuple(commands.aot_command("python"))
     assert runs[:2] == [aot, aot]
     assert all(c[2] == commands.AOT_ENV for c in session.calls if c[0] == "run" and c[1] == aot)
-    assert runs[2:] == [("python", "-m", "harness.compile_cuda")]
+    assert runs[2:] == [("python", "-m", "harness.compile.compile_cuda")]
 
 
 def test_compile_matrix_without_nvcc_says_so_and_reports_aot_failures(tmp_path, monkeypatch):
@@ -320,7 +320,7 @@ def test_container_builds_the_leg_and_runs_a_session_inside(tmp_path, monkeypatc
     monkeypatch.setattr(noxfile.shutil, "which", lambda name: "/usr/bin/docker")
     monkeypatch.setenv("KVH_CONTAINER_CACHE", str(tmp_path / "cache"))
     monkeypatch.setenv("CI", "true")
-    leg = commands.GPU_LEGS[1]
+    leg = legs.GPU_LEGS[1]
     session = FakeSession(tmp_path, posargs=["gpu_verify", "--no-bench"])
     noxfile.container(session, torch=leg.torch, triton=leg.triton)
     build, run = session.runs()

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from synthetic import env_for, rec, write_run
 
-from harness import pipeline
+from harness.run import pipeline
 
 INSTALLED = "gpu-torch2.11.0+cu130-triton3.6.0"  # the leg name of the installed build
 PINNED = "gpu-torch2.11.0-triton3.6.0"  # the same stack as a GPU leg names it

@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 import torch
 
-from harness.read_floor import read_chunks, read_floor_ms
-from harness.timing import graph_replay_ms, rotations
+from harness.measure.read_floor import read_chunks, read_floor_ms
+from harness.measure.timing import graph_replay_ms, rotations
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 

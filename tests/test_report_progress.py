@@ -6,7 +6,7 @@ import io
 
 import pytest
 
-from harness.progress import BenchProgress
+from harness.measure.progress import BenchProgress
 
 
 class FlushCounter(io.StringIO):
@@ -47,7 +47,7 @@ def test_total_must_be_a_count(total):
 
 def test_lines_show_live_through_pytest_capture(pytester):
     pytester.makepyfile(test_bench='''
-from harness.progress import BenchProgress
+from harness.measure.progress import BenchProgress
 
 def test_many_shapes(request):
     progress = BenchProgress(2, label="int8", config=request.config)

@@ -118,7 +118,7 @@ def test_case_tables_show_only_columns_with_values(tmp_path):
 def test_environment_shows_where_the_time_went(tmp_path):
     import json
 
-    from harness import timeline
+    from harness.measure import timeline
     from harness.records import MANIFEST_FILE
 
     plain = write_run(tmp_path / "plain", [rec("bits", "test_a")], leg="A", env=env_for("A", "interpreter"))

@@ -52,7 +52,7 @@ def test_markdown_summary_says_where_each_run_s_time_went(tmp_path):
 
     from synthetic import env_for, rec, write_run
 
-    from harness import timeline
+    from harness.measure import timeline
     from harness.records import MANIFEST_FILE
 
     timed = write_run(tmp_path / "timed", [rec("bits", "test_a")], leg="L", env=env_for("L", "interpreter"))

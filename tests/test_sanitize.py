@@ -14,7 +14,7 @@ import pytest
 import torch
 from processes import SigintWhen, ended
 
-from harness import sanitize
+from harness.checks import sanitize
 from harness.records import RECORDS_FILE, read_records
 from harness.report.cli import main as report_main
 
@@ -90,7 +90,7 @@ def test_judge(rc, text, outcome, errors):
 def test_command_lines_and_environment(monkeypatch):
     cmd = sanitize.sanitizer_command("/opt/cs", "racecheck", "decode-triton", python="/py")
     assert cmd[:3] == ["/opt/cs", "--tool", "racecheck"]
-    assert cmd[-5:] == ["/py", "-m", "harness.sanitize", "--run-kernel", "decode-triton"]
+    assert cmd[-5:] == ["/py", "-m", "harness.checks.sanitize", "--run-kernel", "decode-triton"]
     assert "--racecheck-report" in cmd
     assert "--leak-check" in sanitize.sanitizer_command("/opt/cs", "memcheck", "packing-cuda", python="/py")
     with pytest.raises(ValueError, match="tool must be one of"):
@@ -157,7 +157,7 @@ def test_run_checks_records_and_report(tmp_path):
     text = sanitize.table(checks, ["memcheck", "racecheck"])
     assert "1 errors" in text and "ERROR" in text and "3/6 checks clean" in text
 
-    from harness.streamed_run import write_run
+    from harness.run.streamed_run import write_run
 
     run_dir = tmp_path / "sanitize"
     write_run(run_dir, [c.record() for c in checks], kind="sanitize", leg="leg-s", args=[], started="t0")
@@ -240,7 +240,7 @@ def test_missing_sanitizer_is_named(monkeypatch):
 def test_a_run_cut_short_keeps_every_finished_check(tmp_path):
     """Each check lands in the run directory as it ends: a run killed midway (a command limit)
     leaves those records and a manifest the report shows as incomplete."""
-    from harness.streamed_run import StreamedRun
+    from harness.run.streamed_run import StreamedRun
 
     calls: list = []
     inner = _fake_runner({}, calls)
@@ -275,7 +275,7 @@ def test_a_real_interrupt_kills_every_running_child_and_keeps_the_finished_check
     """A SIGINT to the process while kernels' drivers run (one in the main thread, or several in
     worker threads): each running driver's whole group is gone at once, the interrupt reaches the
     caller promptly, and the check that finished before it stays in the records."""
-    from harness.streamed_run import StreamedRun
+    from harness.run.streamed_run import StreamedRun
 
     pids = tmp_path / "pids"
     pids.mkdir()

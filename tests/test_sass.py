@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from harness import sass
+from harness.measure import sass
 
 LISTING = """
         .text._k:

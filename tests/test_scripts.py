@@ -46,7 +46,8 @@ def test_every_script_is_documented():
 
 
 def test_int8_table_from_records(tmp_path):
-    """The seed's speedup table from benchmark records, and the issue's target line."""
+    """The speedup table from benchmark records (its shapes named as in GPU-Accelerated KV Cache
+    Quantization), and the target line at 131072 x 4096."""
     def record(shape, variant, ms, **extra):
         metrics = {"shape": shape, "ms": ms, "quant_ms": ms * 0.6, "dequant_ms": ms * 0.4, **extra}
         return {"schema": 1, "suite": "bench_int8", "group": "suites", "case": f"test_bench_int8[{shape}-{variant}]",
@@ -81,7 +82,7 @@ def test_int8_table_without_benchmark_records_fails(tmp_path, content):
 @pytest.mark.skipif(shutil.which("bash") is None, reason="needs bash")
 def test_the_mutant_parts_pick_every_mutant_once():
     """gpu_mutants.sh's parts (`all` runs each): every mutant of the catalogue in exactly one part."""
-    from harness.mutants import CATALOGUE, select_mutants
+    from harness.checks.mutants import CATALOGUE, select_mutants
 
     result = subprocess.run(["bash", str(ROOT / "scripts" / "gpu_mutants.sh"), "parts"], capture_output=True,
                             text=True, timeout=60)
@@ -110,7 +111,7 @@ def test_faults_skip_the_mutants_when_no_time_is_left(tmp_path):
                             text=True, timeout=120)
     assert result.returncode == 0, result.stderr[-2000:]
     assert "mutants + sanitizer: SKIPPED" in result.stdout
-    assert "harness.mutants" not in calls.read_text() and "harness.sanitize" not in calls.read_text()
+    assert "harness.checks.mutants" not in calls.read_text() and "harness.checks.sanitize" not in calls.read_text()
 
 
 @pytest.mark.skipif(shutil.which("bash") is None, reason="needs bash")

@@ -12,14 +12,14 @@ from pathlib import Path
 
 import pytest
 
-from harness import env as harness_env
+from harness.run import env as harness_env
 
 ROOT = Path(__file__).resolve().parents[1]
 
 CONTROLLER = textwrap.dedent("""
     import json, sys, pytest
     leg = ["--leg", sys.argv[2]] if sys.argv[2] else []
-    rc = pytest.main(["-p", "harness.gpu_workers", "suites/test_golden.py", *sys.argv[3:], "-q",
+    rc = pytest.main(["-p", "harness.run.gpu_workers", "suites/test_golden.py", *sys.argv[3:], "-q",
                       "-p", "no:cacheprovider", "--results-dir", sys.argv[1], *leg])
     print(json.dumps({"rc": int(rc), "torch_in_controller": "torch" in sys.modules}))
 """)
@@ -80,7 +80,7 @@ def test_background_capture_falls_back_to_this_process(tmp_path):
 
 COUNTING = textwrap.dedent("""
     import pytest
-    from harness import triton_cache
+    from harness.compile import triton_cache
 
     @pytest.mark.parametrize("n", range(5))
     def test_compiles(n):
@@ -90,7 +90,7 @@ COUNTING = textwrap.dedent("""
 
 
 def test_workers_compile_counts_are_summed_into_the_manifest(tmp_path):
-    """Each worker hands the compile counts of harness/triton_cache.py to the controller."""
+    """Each worker hands the compile counts of harness/compile/triton_cache.py to the controller."""
     pytest.importorskip("xdist")
     (tmp_path / "test_counting.py").write_text(COUNTING)
     results = tmp_path / "results"

@@ -8,7 +8,7 @@ import threading
 import pytest
 
 from harness.records import MANIFEST_FILE, RECORDS_FILE, Record, read_records
-from harness.streamed_run import StreamedRun
+from harness.run.streamed_run import StreamedRun
 
 
 def _record(i: int, outcome: str = "passed") -> Record:
@@ -62,7 +62,7 @@ def test_a_failing_environment_capture_still_writes_the_run(tmp_path, monkeypatc
     def broken(leg=None):
         raise UnicodeDecodeError("utf-8", b"\xe9", 0, 1, "invalid continuation byte")
 
-    monkeypatch.setattr("harness.env.capture", broken)
+    monkeypatch.setattr("harness.run.env.capture", broken)
     run = StreamedRun(tmp_path / "run", kind="sanitize", leg="leg-x", args=[])
     run.add(_record(0))
     run.finish()

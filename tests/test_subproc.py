@@ -13,7 +13,7 @@ import time
 import pytest
 from processes import ended
 
-from harness.subproc import ChildGroups, ChildrenStopped, run_killable
+from harness.run.subproc import ChildGroups, ChildrenStopped, run_killable
 
 pytestmark = pytest.mark.skipif(not hasattr(signal, "setitimer"), reason="needs POSIX signals")
 

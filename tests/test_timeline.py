@@ -1,4 +1,4 @@
-"""harness.timeline: process start times, the marks of one process, the manifest's timeline and
+"""harness.measure.timeline: process start times, the marks of one process, the manifest's timeline and
 its one-line description; and the plugin filling it in for a serial and an xdist run."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from harness import timeline
+from harness.measure import timeline
 from harness.records import MANIFEST_FILE
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -148,7 +148,7 @@ def test_an_xdist_run_records_every_worker(pytester, monkeypatch):
 
 
 def test_the_pipeline_says_where_a_step_s_time_went(tmp_path, capsys):
-    from harness import pipeline
+    from harness.run import pipeline
 
     run_dir = tmp_path / "run"
     run_dir.mkdir()

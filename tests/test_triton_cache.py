@@ -1,4 +1,4 @@
-"""harness/triton_cache.py: one compile per Triton specialization across processes."""
+"""harness/compile/triton_cache.py: one compile per Triton specialization across processes."""
 
 from __future__ import annotations
 
@@ -22,7 +22,7 @@ KEY = "K" * 52
 # failed with its manager still alive (as a traceback keeps it) until release_all().
 HOLDER = textwrap.dedent(f"""
     import sys, time
-    from harness import triton_cache
+    from harness.compile import triton_cache
     manager = triton_cache.CompileOnceCacheManager({KEY!r})
     assert manager.get_group("kernel.json") is None and manager.holds_lock  # a miss: this one compiles
     print("locked", flush=True)
@@ -41,7 +41,7 @@ HOLDER = textwrap.dedent(f"""
 
 WAITER = textwrap.dedent(f"""
     import json, time
-    from harness import triton_cache
+    from harness.compile import triton_cache
     manager = triton_cache.CompileOnceCacheManager({KEY!r})
     print("waiting", flush=True)
     start = time.monotonic()
@@ -99,7 +99,7 @@ def test_a_failed_compile_lets_the_waiter_compile(tmp_path, outcome):
 
 LEFT_HELD = textwrap.dedent(f"""
     import fcntl, os, subprocess, sys
-    from harness import triton_cache
+    from harness.compile import triton_cache
 
     KEPT = []
 
@@ -130,7 +130,7 @@ def test_the_plugin_drops_a_failed_compiles_lock_after_its_test(tmp_path):
 
 COMPILE = textwrap.dedent("""
     import json
-    from harness import triton_cache
+    from harness.compile import triton_cache
     from kernels import aot, packing
     spec = next(s for s in packing.AOT_SPECS)
     aot.compile_spec(spec, 90)
@@ -143,7 +143,7 @@ def test_concurrent_compiles_of_one_kernel_compile_it_once(tmp_path):
     """Two processes compile the same specialization at once into an empty cache: one stores it."""
     pytest.importorskip("triton.backends.nvidia")
     env = {**_env(tmp_path / "cache"), "TRITON_INTERPRET": "0",
-           "TRITON_CACHE_MANAGER": "harness.triton_cache:CompileOnceCacheManager"}
+           "TRITON_CACHE_MANAGER": "harness.compile.triton_cache:CompileOnceCacheManager"}
     procs = [subprocess.Popen([sys.executable, "-c", COMPILE], cwd=ROOT, env=env, stdout=subprocess.PIPE,
                               stderr=subprocess.PIPE, text=True) for _ in range(2)]
     stats = []

@@ -21,7 +21,7 @@ Format (``reports/baselines/<name>.json``)::
     }
 
 A record whose metrics say ``"reference": true`` is a reference measurement, a baseline a
-benchmark times beside the kernels (torch.compile, the seed's CPU baseline): its timing and error
+benchmark times beside the kernels (torch.compile, the INT8 C++ CPU baseline): its timing and error
 changes are listed as references moved, not as regressions of the kernels (a new failure still
 is one).
 

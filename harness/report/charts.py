@@ -246,7 +246,7 @@ def bandwidth_charts(summary: Summary) -> list[Chart]:
 
 
 def read_floor_charts(summary: Summary, colors) -> list[Chart]:
-    """Per suite and environment whose cases record ``pct_of_read_floor`` (harness.read_floor): the
+    """Per suite and environment whose cases record ``pct_of_read_floor`` (harness.measure.read_floor): the
     kernel's speed as a percentage of one kernel that only reads the same bytes, timed alike."""
     floor = _collect(summary, lambda r: to_float(r.metrics.get("pct_of_read_floor")))
     charts = []
@@ -256,7 +256,7 @@ def read_floor_charts(summary: Summary, colors) -> list[Chart]:
             title = f"{suite}: % of the read floor ({_env_text(env)})"
             fig = grouped_barh(rows, series, colors, refline=100.0, reflabel="read floor",
                                xlabel="read floor ms / kernel ms, as %", value_text=lambda v: f"{v:.0f}%")
-            caption = ("the time of one kernel that only reads the same bytes (harness.read_floor), timed as the "
+            caption = ("the time of one kernel that only reads the same bytes (harness.measure.read_floor), timed as the "
                        f"kernel is, over the kernel's time; {PASSED_ONLY}")
             charts.append(Chart("bandwidth", suite, title, caption, figure_uri(fig), f"bar chart: {title}", env,
                                 "read floor"))

@@ -18,8 +18,8 @@ from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..commands import KINDS
 from ..records import MANIFEST_FILE, RECORDS_FILE, Record, read_manifest, read_records
+from ..run.commands import KINDS
 from .fmt import to_float
 
 BAD_OUTCOMES = ("failed", "error", "crashed", "timeout")

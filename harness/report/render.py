@@ -11,7 +11,7 @@ from pathlib import Path
 
 import jinja2
 
-from .. import timeline
+from ..measure import timeline
 from ..records import STANDARD_METRICS, Record, utc_now
 from . import fmt
 from .charts import all_charts

@@ -5,7 +5,7 @@ from __future__ import annotations
 import html
 import shutil
 
-from .. import timeline
+from ..measure import timeline
 from ..records import OUTCOMES
 from .baseline import STATIC_METRICS
 from .fmt import clean_text, first_line, fmt_count, fmt_duration, fmt_err, fmt_sig, fmt_signed_pct

@@ -1,11 +1,11 @@
-// CPU baseline for INT8 per-channel symmetric quantization (the seed benchmark's CPU code).
+// CPU baseline for INT8 per-channel symmetric quantization (the CPU code of *GPU-Accelerated KV Cache Quantization*).
 //
 // x: float32 [T, D] row-major, contiguous.  scales: float32 [D].  q: int8 [T, D].
 //
 //   int8_cpu_compute_scales  OpenMP over columns: each thread scans whole columns (strided reads),
-//                            as the seed's compute_scales() does.
-//   int8_cpu_quantize        one serial loop over every element (the seed's quantize_matrix()).
-//   int8_cpu_dequantize      one serial loop over every element (the seed's dequantize_matrix()).
+//                            as the origin document's compute_scales() does.
+//   int8_cpu_quantize        one serial loop over every element (the origin document's quantize_matrix()).
+//   int8_cpu_dequantize      one serial loop over every element (the origin document's dequantize_matrix()).
 //
 // The arithmetic is the contract of kernels/int8.py, kept bit for bit by every variant:
 //   amax_d = max_t |x[t, d]|, compared by the IEEE bit pattern of |x| (so NaN and Inf dominate)

@@ -3,7 +3,7 @@
 ``load_extension("pack3", functions=[...], declarations=...)`` reads
 ``kernels/cuda/pack3.cu``, names the extension after a hash of the source, the
 flags and the torch version (so an edited source never reuses a stale build),
-and builds it in a directory per ``CUDA_VISIBLE_DEVICES`` choice (``harness.gpu_workers``
+and builds it in a directory per ``CUDA_VISIBLE_DEVICES`` choice (``harness.run.gpu_workers``
 gives each GPU a build root of its own). Processes that share a directory (several
 pytest-xdist workers on one GPU, the benchmarks after them) take turns under an OS file
 lock: the first builds, the others load what it built; a build whose owner was killed

@@ -7,7 +7,8 @@
 //     value side, lanes unpacked with compile-time shifts (lanes 10 and 21 join
 //     two words: lo | hi);
 //   * the octets past the last whole quad, and buffers not aligned for wide
-//     accesses, take the per-octet path (the seed's b0/b1/b2 formulas).
+//     accesses, take the per-octet path (the b0/b1/b2 formulas of
+//     "Cross-Byte & Cross-Word 3-Bit KV-Cache Packing, Triton Dequantization & Fused Flash-Decoding").
 //
 // values: uint8 [n_octets * 8], each < 8;  packed: uint8 [n_octets * 3].
 

@@ -1,0 +1,373 @@
+"""Append tokens into a paged, decode-arranged cache on the device (one launch, no host sync).
+
+:class:`AppendLaunch` (and :func:`launch_append` for one call) writes T new tokens per sequence
+(k, v ``[B, H, T, D]``) into a :class:`~kernels.decode.paged.PagedQuantizedKV` whose
+block table already names the pages those tokens reach. Where a sequence's residual window and
+its new tokens complete groups of G tokens, each group is quantized (the affine scheme of
+:mod:`kernels.affine`, bit for bit: K per channel, V per token) and written straight into the
+page in the tile arrangement the fused decode reads (:mod:`kernels.decode.layout`); the tokens past the
+last whole group go to the residual window. ``seq_lens`` grows by each sequence's count. The
+positions come from ``seq_lens`` on the device, so the host never waits, and one step (append,
+then attend) can be captured in a CUDA graph and replayed as the lengths grow.
+
+Triton path (:class:`AppendLaunch`), grid ``(B, H, groups * 2 * shares)`` with ``groups = (G -
+1 + T) // G`` (at least 1): program (b, h, (j * 2 + role) * shares + share) quantizes K (role 0)
+or V (role 1) of group j of sequence b's chunk when the chunk completes it (group 0 holds the
+residual window's tokens first): the group's scales, zeros and codes in registers, the scales
+and zeros stored into the page (share 0), then share ``share`` of the words of its tiles, each
+bit of a word gathered from the code of the element that the arrangement puts there (a table of
+``element * 8 + bit`` per word bit, :func:`word_sources`). A one-token append completes at most
+one group per sequence, and its words are shared by ``shares`` programs per role
+(WORD_SHARES), so that the step that completes a group costs little more than the others;
+chunks take one program per group and role. The group-0 programs then write the tokens past the
+last whole group into the residual window, and the last program of sequence b to finish adds
+its count to ``seq_lens[b]`` (no second launch).
+
+The torch path does the same on the host (any device): it reads the lengths, so it synchronizes.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+from torch.autograd.graph import increment_version
+
+from .._runtime import on_device, triton_interpreted
+from ..affine import SCALE_FLOOR, _affine_params_tl, _codes, _group_range, _quantize_torch
+from ..aot import AotSpec
+from .direct_launch import Launch, specialization
+from .layout import _pack_plan, pack_tile, tile_shape
+from .paged import PagedQuantizedKV
+
+ERROR_NO_PAGE = 1  # a completed group's block-table entry is not a page of the pool
+ERROR_NOT_FINITE = 2  # a completed group held NaN/Inf, or its scale overflowed the scale dtype
+MAX_WORDS_PER_STEP = 128  # words packed per step of the word loop, at most (the gathers' registers)
+APPEND_WARPS = 4
+
+
+def word_sources(bits: int, role: str, d: int, tile: int, warps: int, device) -> torch.Tensor:
+    """int32 [W * 32] on ``device``: for bit j of word w of a ``role`` tile, ``(t * D + c) * 8 +
+    bit``, the token t and channel c of the code it comes from and which bit of that code (the
+    inverse of :func:`kernels.decode.layout.unpack_tile`, token-major for K and V alike)."""
+    src, bit = _pack_plan(bits, role, d, tile, warps, torch.device("cpu"))
+    n, k = tile_shape(role, d, tile)
+    token, channel = (src // k, src % k) if role == "k" else (src % k, src // k)
+    return ((token * d + channel) * 8 + bit).to(torch.int32).reshape(-1).to(device)
+
+
+# ----------------------------------------------------------------------------- Triton kernel
+@triton.jit
+def _group_values(x_ptr, stride_xb, stride_xh, stride_xt, r_ptr, stride_rb, stride_rh, stride_rt,
+                  b, h, start, held, t, c):
+    """Values (fp32) of tokens t (offsets in the group) and channels c of the group that starts at
+    token ``start`` of sequence b, which held ``held`` tokens before this chunk: the residual
+    window's (r) below ``held``, the chunk's (x) from there on (t and c broadcast)."""
+    pos = start + t
+    old = pos < held
+    res = tl.load(r_ptr + b * stride_rb + h * stride_rh + t * stride_rt + c, mask=old, other=0.0)
+    new = tl.load(x_ptr + b * stride_xb + h * stride_xh + (pos - held).to(tl.int64) * stride_xt + c, mask=~old,
+                  other=0.0)
+    return tl.where(old, res.to(tl.float32), new.to(tl.float32))
+
+
+@triton.jit
+def _tile_words(words_ptr, table_ptr, flat, tile_base, first, NW: tl.constexpr, D: tl.constexpr,
+                WORDS: tl.constexpr):
+    """Write words [first, first + NW) of one tile from the codes of its group, flat uint32
+    [G * D] token-major: bit j of word w is bit (entry & 7) of code tile_base * D + (entry >> 3),
+    entry = table[w * 32 + j] (word_sources); the codes are gathered in registers."""
+    j = tl.arange(0, 32)
+    for w0 in range(0, NW, WORDS):
+        w = first + w0 + tl.arange(0, WORDS)
+        entry = tl.load(table_ptr + w[:, None] * 32 + j[None, :])  # [WORDS, 32]
+        index = tl.reshape((entry >> 3) + tile_base * D, [WORDS * 32])
+        code = tl.reshape(tl.gather(flat, index, 0), [WORDS, 32])
+        picked = ((code >> (entry & 7).to(tl.uint32)) & 1) << j[None, :].to(tl.uint32)
+        tl.store(words_ptr + w, tl.sum(picked, 1).to(tl.int32, bitcast=True))
+
+
+@triton.jit
+def _flagged(s, SCALE_MAX: tl.constexpr):
+    """1 where a scale is NaN or beyond the scale dtype's largest value, else 0 (int32)."""
+    return ((s != s) | (s > SCALE_MAX)).to(tl.int32)
+
+
+@triton.jit
+def _append_role(x_ptr, stride_xb, stride_xh, stride_xt, r_ptr, stride_rb, stride_rh, stride_rt,
+                 w_ptr, stride_w_p, stride_w_h, stride_w_t, s_ptr, z_ptr, stride_s_p, stride_s_h, stride_s_r,
+                 table_ptr, err_ptr, b, h, j, share, held, n_new, page_size, bt_ptr, stride_bt_b, table_cols,
+                 num_pages, D: tl.constexpr, G: tl.constexpr, BITS: tl.constexpr, TILE: tl.constexpr,
+                 SHARES: tl.constexpr, WORDS: tl.constexpr, PER_CHANNEL: tl.constexpr, SCALE_FP16: tl.constexpr,
+                 FLOOR: tl.constexpr, SCALE_MAX: tl.constexpr, INTERPRET: tl.constexpr):
+    """K (PER_CHANNEL) or V of one program: quantize the chunk's group j when the chunk completes
+    it (share 0 stores its scales and zeros), write share ``share`` of its tiles' words, and (group
+    0, share 0) the tokens past the chunk's last whole group into the residual window."""
+    start = held // G * G + j * G  # first token of the group
+    NW: tl.constexpr = TILE * D * BITS // 32 // SHARES  # words of a tile this program writes
+    complete = start + G <= held + n_new  # the chunk completes this group
+    page_idx = start // page_size
+    off = start % page_size
+    page = tl.load(bt_ptr + b * stride_bt_b + page_idx, mask=complete & (page_idx < table_cols), other=-1)
+    page = page.to(tl.int64)
+    missing = complete & ((page < 0) | (page >= num_pages))
+    if complete:
+        if missing:
+            tl.atomic_or(err_ptr, 1)  # ERROR_NO_PAGE
+        else:
+            x = _group_values(x_ptr, stride_xb, stride_xh, stride_xt, r_ptr, stride_rb, stride_rh, stride_rt,
+                              b, h, start, held, tl.arange(0, G)[:, None], tl.arange(0, D)[None, :])
+            if PER_CHANNEL:  # one scale per channel over the group's tokens
+                lo, hi = _group_range(x, 0, INTERPRET)
+                s, z, inv = _affine_params_tl(lo, hi, BITS, SCALE_FP16, FLOOR, INTERPRET)
+                codes = tl.reshape(_codes(x, inv[None, :], z[None, :], BITS, INTERPRET), [G * D])
+                at = page * stride_s_p + h * stride_s_h + (off // G) * stride_s_r + tl.arange(0, D)
+                bad = tl.sum(_flagged(s, SCALE_MAX), 0)
+            else:  # one scale per token and group of G channels
+                xg = tl.reshape(x, [G, D // G, G])
+                lo, hi = _group_range(xg, 2, INTERPRET)
+                s, z, inv = _affine_params_tl(lo, hi, BITS, SCALE_FP16, FLOOR, INTERPRET)
+                codes = tl.reshape(_codes(xg, inv[:, :, None], z[:, :, None], BITS, INTERPRET), [G * D])
+                at = (page * stride_s_p + h * stride_s_h + (off + tl.arange(0, G)[:, None]) * stride_s_r
+                      + tl.arange(0, D // G)[None, :])
+                bad = tl.sum(tl.sum(_flagged(s, SCALE_MAX), 1), 0)
+            if share == 0:
+                tl.store(s_ptr + at, s.to(s_ptr.dtype.element_ty))
+                tl.store(z_ptr + at, z.to(z_ptr.dtype.element_ty))
+                if bad > 0:
+                    tl.atomic_or(err_ptr, 2)  # ERROR_NOT_FINITE
+            for i in tl.static_range(G // TILE):
+                tile_idx = (off + i * TILE) // TILE
+                _tile_words(w_ptr + page * stride_w_p + h * stride_w_h + tile_idx * stride_w_t, table_ptr,
+                            codes, i * TILE, share * NW, NW, D, WORDS)
+    if (j == 0) & (share == 0):  # the tokens past the chunk's last whole group into the window
+        tl.debug_barrier()  # after this program's reads of the window (the only reader of this role's)
+        end = held + n_new
+        u = tl.arange(0, G)
+        pos = end // G * G + u  # window slot u
+        keep = ((pos >= held) & (pos < end))[:, None]
+        c = tl.arange(0, D)[None, :]
+        src = b * stride_xb + h * stride_xh + (pos - held).to(tl.int64)[:, None] * stride_xt + c
+        tl.store(r_ptr + b * stride_rb + h * stride_rh + u[:, None] * stride_rt + c, tl.load(x_ptr + src, mask=keep),
+                 mask=keep)
+    return missing.to(tl.int32)
+
+
+@triton.jit
+def _append_kernel(
+    k_ptr, v_ptr, stride_xb, stride_xh, stride_xt, chunk_ptr, chunk,
+    lens_ptr, kr_ptr, vr_ptr, stride_rb, stride_rh, stride_rt,
+    bt_ptr, stride_bt_b, table_cols, num_pages, page_size,
+    kw_ptr, stride_kw_p, stride_kw_h, stride_kw_t, ks_ptr, kz_ptr, stride_ks_p, stride_ks_h, stride_ks_g,
+    vw_ptr, stride_vw_p, stride_vw_h, stride_vw_t, vs_ptr, vz_ptr, stride_vs_p, stride_vs_h, stride_vs_t,
+    k_table_ptr, v_table_ptr, err_ptr, arrivals_ptr,
+    D: tl.constexpr, G: tl.constexpr, BITS: tl.constexpr, TILE: tl.constexpr, RAGGED: tl.constexpr,
+    SHARES: tl.constexpr, WORDS: tl.constexpr, SCALE_FP16: tl.constexpr, FLOOR: tl.constexpr,
+    SCALE_MAX: tl.constexpr, INTERPRET: tl.constexpr,
+):
+    """Append chunk tokens of one (sequence b, kv head h): program (j * 2 + role) * SHARES + share
+    quantizes K (role 0) or V (role 1) of the chunk's group j and writes share ``share`` of its
+    words (SHARES > 1 only for one-token chunks: more programs for the one group a step may
+    complete).
+
+    k, v [B, H, T, D] (D contiguous) in the cache's dtype; chunk lengths int32 [B] (RAGGED) or
+    ``chunk`` for all; lens int32 [B] (grown by the program of sequence b that finishes last, as
+    arrivals int32 [B, 2], zero between launches, counts them and the groups that found no page);
+    k/v_residual [B, H, G, D]; block
+    table int32 [B, table_cols]; the pool's words int32 [NP, H, P/TILE, W], K scales/zeros
+    [NP, H, P/G, D], V scales/zeros [NP, H, P, D/G]; tables int32 [W * 32] (word_sources);
+    errors int32 [1] (ERROR_* bits or-ed in).
+    """
+    b = tl.program_id(0).to(tl.int64)
+    h = tl.program_id(1)
+    j = tl.program_id(2) // (2 * SHARES)
+    role = tl.program_id(2) // SHARES % 2
+    share = tl.program_id(2) % SHARES
+    held = tl.load(lens_ptr + b)
+    if RAGGED:
+        n_new = tl.load(chunk_ptr + b)
+    else:
+        n_new = chunk
+    if role == 0:
+        missing = _append_role(k_ptr, stride_xb, stride_xh, stride_xt, kr_ptr, stride_rb, stride_rh, stride_rt,
+                     kw_ptr, stride_kw_p, stride_kw_h, stride_kw_t, ks_ptr, kz_ptr, stride_ks_p, stride_ks_h,
+                     stride_ks_g, k_table_ptr, err_ptr, b, h, j, share, held, n_new, page_size, bt_ptr, stride_bt_b,
+                     table_cols, num_pages, D, G, BITS, TILE, SHARES, WORDS, True, SCALE_FP16, FLOOR, SCALE_MAX,
+                     INTERPRET)
+    else:
+        missing = _append_role(v_ptr, stride_xb, stride_xh, stride_xt, vr_ptr, stride_rb, stride_rh, stride_rt,
+                     vw_ptr, stride_vw_p, stride_vw_h, stride_vw_t, vs_ptr, vz_ptr, stride_vs_p, stride_vs_h,
+                     stride_vs_t, v_table_ptr, err_ptr, b, h, j, share, held, n_new, page_size, bt_ptr, stride_bt_b,
+                     table_cols, num_pages, D, G, BITS, TILE, SHARES, WORDS, False, SCALE_FP16, FLOOR, SCALE_MAX,
+                     INTERPRET)
+    # the sequence's last program to finish grows its length: every program of it has read the
+    # length before its arrival (release), and the last one sees them all (acquire); a group that
+    # found no page (counted in the second word) leaves the length as it was, so that it never
+    # claims tokens that were not stored
+    if missing != 0:
+        tl.atomic_add(arrivals_ptr + 2 * b + 1, 1, sem="relaxed")
+    arrived = tl.atomic_add(arrivals_ptr + 2 * b, 1, sem="acq_rel")
+    if arrived == tl.num_programs(1) * tl.num_programs(2) - 1:
+        if tl.atomic_xchg(arrivals_ptr + 2 * b + 1, 0, sem="acq_rel") == 0:
+            tl.store(lens_ptr + b, held + n_new)
+        tl.store(arrivals_ptr + 2 * b, 0)
+
+
+# ----------------------------------------------------------------------------- launch
+WORD_SHARES = 6  # programs per (sequence, kv head, K or V) sharing the words of a one-token append's group
+
+
+def word_split(words: int, tokens: int) -> tuple[int, int]:
+    """(programs sharing the ``words`` words of a K or V tile, words per step of each one's loop)
+    for chunks of ``tokens`` tokens: for one token, the most programs up to WORD_SHARES whose
+    share is a whole number of steps of a power of two words (32 at least); for chunks one."""
+    def step(share: int) -> int:
+        return max(w for w in (32, 64, 128) if w <= MAX_WORDS_PER_STEP and share % w == 0)
+
+    if tokens != 1:
+        return 1, step(words)
+    shares = max(s for s in range(1, WORD_SHARES + 1) if words % (32 * s) == 0)
+    return shares, step(words // shares)
+
+
+class AppendLaunch:
+    """Appends into ``view`` (its tensors fixed; the lengths, residual windows and block table read
+    at each launch), with the word tables ``sources`` (k, v: word_sources) and the error word
+    ``errors`` int32 [1]: the arguments laid out once, each call a launch of _append_kernel and
+    with ``arrivals`` int32 [B, 2] (zeros) for the kernel's count of finished programs and of groups
+    without a page. No host
+    synchronization."""
+
+    def __init__(self, view: PagedQuantizedKV, sources: tuple[torch.Tensor, torch.Tensor], errors: torch.Tensor,
+                 arrivals: torch.Tensor):
+        self.view, self.sources, self.errors = view, sources, errors
+        sdt = view.k_scale.dtype
+        self._fixed = (
+            view.seq_lens, view.k_residual, view.v_residual, *view.k_residual.stride()[:3],
+            view.block_table, view.block_table.stride(0), view.block_table.shape[1], view.num_pages, view.page_size,
+            view.k_words, *view.k_words.stride()[:3], view.k_scale, view.k_zero, *view.k_scale.stride()[:3],
+            view.v_words, *view.v_words.stride()[:3], view.v_scale, view.v_zero, *view.v_scale.stride()[:3],
+            *sources, errors, arrivals,
+        )
+        self._options = dict(D=view.head_dim, G=view.group_size, BITS=view.bits, TILE=view.tile,
+                             SCALE_FP16=sdt == torch.float16, FLOOR=SCALE_FLOOR[sdt], SCALE_MAX=torch.finfo(sdt).max,
+                             INTERPRET=triton_interpreted(), num_warps=APPEND_WARPS)
+        self._launches: dict[tuple, Launch] = {}
+
+    def __call__(self, k: torch.Tensor, v: torch.Tensor, chunk_lens: torch.Tensor | None) -> None:
+        """Append k, v [B, H, T, D] (unit stride along D; the caller checks shapes and dtypes),
+        chunk_lens int32 [B] on the device or None (T for every sequence)."""
+        b, h, t, _ = k.shape
+        if b == 0 or t == 0:
+            return
+        if v.stride() != k.stride():  # the kernel addresses k and v with one set of strides
+            k, v = k.contiguous(), v.contiguous()
+        ragged = chunk_lens is not None
+        key = (t, ragged)
+        launch = self._launches.get(key)
+        if launch is None:
+            g = self.view.group_size
+            shares, step = word_split(self.view.tile * self.view.head_dim * self.view.bits // 32, t)
+            groups = max(1, (g - 1 + t) // g)
+            launch = self._launches[key] = Launch(_append_kernel, (b, h, groups * 2 * shares), self._fixed,
+                                                  dict(self._options, RAGGED=ragged, SHARES=shares, WORDS=step))
+        view = self.view
+        with on_device(k.device):
+            launch((specialization(k), specialization(v), t), k, v, *k.stride()[:3],
+                   chunk_lens if ragged else view.seq_lens, t)
+        # the kernel wrote these in place: bump their version counters as a torch write would
+        increment_version([x for x in (view.seq_lens, view.k_scale, view.v_scale) if not x.is_inference()])
+
+
+def launch_append(view: PagedQuantizedKV, k: torch.Tensor, v: torch.Tensor, chunk_lens: torch.Tensor | None,
+                  errors: torch.Tensor) -> None:
+    """One append through a fresh :class:`AppendLaunch` (tables made for this call; a cache keeps
+    its own launch and tables instead)."""
+    tables = tuple(word_sources(view.bits, role, view.head_dim, view.tile, view.warps, k.device) for role in "kv")
+    arrivals = torch.zeros(view.seq_lens.shape[0], 2, dtype=torch.int32, device=k.device)
+    AppendLaunch(view, tables, errors, arrivals)(k, v, chunk_lens)
+
+
+# ----------------------------------------------------------------------------- torch twin
+def append_torch(view: PagedQuantizedKV, k: torch.Tensor, v: torch.Tensor, chunk_lens: torch.Tensor | None,
+                 errors: torch.Tensor) -> None:
+    """What _append_kernel does, in torch (reads the lengths on the host): a sequence a group of
+    which finds no page keeps its length."""
+    g, p, d = view.group_size, view.page_size, view.head_dim
+    counts = [k.shape[2]] * k.shape[0] if chunk_lens is None else chunk_lens.tolist()
+    for b, (held, n_new) in enumerate(zip(view.seq_lens.tolist(), list(counts), strict=True)):
+        r = held % g
+        ks = torch.cat([view.k_residual[b, :, :r], k[b, :, :n_new]], dim=1)  # [H, r + n_new, D]
+        vs = torch.cat([view.v_residual[b, :, :r], v[b, :, :n_new]], dim=1)
+        full = (r + n_new) // g * g
+        for j in range(full // g):
+            start = held - r + j * g
+            page = int(view.block_table[b, start // p]) if start // p < view.block_table.shape[1] else -1
+            if not 0 <= page < view.num_pages:
+                errors |= ERROR_NO_PAGE
+                counts[b] = 0  # the length never claims tokens that were not stored
+                continue
+            off = start % p
+            kg, vg = ks[None, :, j * g:(j + 1) * g], vs[None, :, j * g:(j + 1) * g]
+            _, k_scale, k_zero = _quantize_torch(kg, view.bits, g, view.scale_dtype, True)
+            _, v_scale, v_zero = _quantize_torch(vg, view.bits, g, view.scale_dtype, False)
+            finite = bool(torch.isfinite(k_scale.to(view.scale_dtype)).all()) and bool(
+                torch.isfinite(v_scale.to(view.scale_dtype)).all())
+            if not finite:
+                errors |= ERROR_NOT_FINITE
+            view.k_scale[page, :, off // g] = k_scale[0, :, 0]
+            view.k_zero[page, :, off // g] = k_zero[0, :, 0]
+            view.v_scale[page, :, off:off + g] = v_scale[0]
+            view.v_zero[page, :, off:off + g] = v_zero[0]
+            codes = _codes_of(kg, vg, view)
+            for i in range(g // view.tile):
+                rows = slice(i * view.tile, (i + 1) * view.tile)
+                tile_idx = (off + i * view.tile) // view.tile
+                for role, c in zip(("k", "v"), codes, strict=True):
+                    tile = c[:, rows] if role == "k" else c[:, rows].transpose(-1, -2)
+                    words = view.k_words if role == "k" else view.v_words
+                    words[page, :, tile_idx] = pack_tile(tile, view.bits, role, d, view.tile, view.warps)
+        rest = r + n_new - full
+        view.k_residual[b, :, :rest] = ks[:, full:]
+        view.v_residual[b, :, :rest] = vs[:, full:]
+    view.seq_lens += torch.tensor(counts, dtype=view.seq_lens.dtype, device=view.seq_lens.device)
+
+
+def _codes_of(kg: torch.Tensor, vg: torch.Tensor, view: PagedQuantizedKV) -> tuple[torch.Tensor, torch.Tensor]:
+    """Unpacked codes uint8 [H, G, D] of one K group and one V group [1, H, G, D]."""
+    from ..affine import _group_view, _quantize_groups
+
+    out = []
+    for x, per_channel in ((kg, True), (vg, False)):
+        xg, dim = _group_view(x, view.group_size, per_channel)
+        q, _, _ = _quantize_groups(xg, dim, view.bits, view.scale_dtype)
+        out.append(q.reshape(x.shape)[0])
+    return out[0], out[1]
+
+
+# ----------------------------------------------------------------------------- AOT specializations
+def _aot_specs() -> list[AotSpec]:
+    specs = []
+    for dtype, d, g, bits, tile in (("fp16", 128, 64, 3, 64), ("bf16", 128, 64, 2, 64), ("fp16", 64, 32, 4, 32)):
+        ptr = f"*{dtype}"
+        sig = {"k_ptr": ptr, "v_ptr": ptr, "stride_xb": "i32", "stride_xh": "i32", "stride_xt": "i32",
+               "chunk_ptr": "*i32", "chunk": "i32", "lens_ptr": "*i32", "kr_ptr": ptr, "vr_ptr": ptr,
+               "stride_rb": "i32", "stride_rh": "i32", "stride_rt": "i32", "bt_ptr": "*i32", "stride_bt_b": "i32",
+               "table_cols": "i32", "num_pages": "i32", "page_size": "i32",
+               "kw_ptr": "*i32", "stride_kw_p": "i64", "stride_kw_h": "i32", "stride_kw_t": "i32",
+               "ks_ptr": "*fp16", "kz_ptr": "*fp16", "stride_ks_p": "i64", "stride_ks_h": "i32", "stride_ks_g": "i32",
+               "vw_ptr": "*i32", "stride_vw_p": "i64", "stride_vw_h": "i32", "stride_vw_t": "i32",
+               "vs_ptr": "*fp16", "vz_ptr": "*fp16", "stride_vs_p": "i64", "stride_vs_h": "i32", "stride_vs_t": "i32",
+               "k_table_ptr": "*i32", "v_table_ptr": "*i32", "err_ptr": "*i32", "arrivals_ptr": "*i32"}
+        specs.append(AotSpec(
+            f"page_append_{dtype}_d{d}_g{g}_b{bits}_t{tile}", _append_kernel, sig,
+            {"D": d, "G": g, "BITS": bits, "TILE": tile, "RAGGED": False,
+             **dict(zip(("SHARES", "WORDS"), word_split(tile * d * bits // 32, 1 if bits == 3 else 2), strict=True)),
+             "SCALE_FP16": True,
+             "FLOOR": SCALE_FLOOR[torch.float16], "SCALE_MAX": 65504.0, "INTERPRET": False},
+            num_warps=APPEND_WARPS,
+        ))
+    return specs
+
+
+AOT_SPECS = _aot_specs()

@@ -1,0 +1,788 @@
+"""The fused decode's Triton kernels (docs/design.md section 6): device code only; their launch
+configuration and split plan are in :mod:`kernels.decode.launch`.
+
+Two kernels:
+
+1. ``_decode_split_kernel``, grid ``(splits + 1, Hkv, B)``: program ``s < splits``
+   walks tiles of ``BLOCK_T`` quantized tokens (inside one K scale group and one page)
+   and keeps an online softmax (running max, per-token sums, accumulators) for the
+   ``Hq / Hkv`` query heads of its kv head, so each K/V tile is loaded once for the whole
+   group. Both tensor-core products take the code tiles as their A operand (tokens as M for
+   the logits, channels as M for the output) and the query heads as N (8 or more, 16 before
+   triton 3.5): each head's hi and lo column of q * s for the logits (mma_columns), one column
+   of weights per head for the output (weight_columns). Each thread loads
+   exactly the words of its own operand fragment (the tile arrangement of
+   :mod:`kernels.decode.layout`) and turns two codes into the fp16 pair the tensor cores read with a
+   mask (and a shift for fields higher up):
+   ``w & 0x00070007`` read as two fp16 numbers is the subnormals code * 2^-24,
+   ``w & 0x00380038`` the subnormals code * 2^-21 and, with 64-token tiles,
+   ``w & 0x01C001C0`` code * 2^-18, exact, and the tensor cores multiply them exactly (the
+   power of two is applied to the fp32 results). For 3 bits the codes come out in these
+   classes by their reduction index (bit 1; class 2 where bits 4 and 5 are set), and a factor
+   1/8 or 1/64 on the other operand (q per channel, p per token) makes them all count as
+   code * 2^-24 (_class_factors; the operands only shrink, so their fp16 range is that of
+   q * s and p * s). Scales never touch the codes: K scales are folded into q per tile
+   (on the one query head when Hq = Hkv, whose hi and lo words reach the operand by a gather,
+   _q_operand; for GQA q is held channel-major, a channel's heads in neighbouring lanes, the
+   order in which q*s's columns go to shared memory for the product: a head-major q stored
+   them with bank conflicts) and V scales into p per channel
+   group (each group's codes unpacked from its own words, _load_tile_halves); zero points
+   become a rank-1 correction (one bias per head for K, a sum over the tokens for V, per
+   channel group). A tile's scales and zeros are loaded a tile ahead, 16-bit ones as 32-bit words
+   where the rows allow it (two K channels, or a token's two V groups, a word: scale_words), and
+   widened to fp32 only when their tile is attended, so nothing waits on them in the tile that
+   loads them; the next tile's page position comes by increment (no division per tile). The
+   rounding of q*s to fp16 is split into a hi and a lo column per head, so the logits carry
+   about 22 bits (fewer once a low part falls below fp16's normal range, 3 and 6 bits sooner for
+   the operands taken with 1/8 and 1/64): an error in a logit is an error in its weight's
+   exponent. The weights p*s are rounded once to fp16, as flash attention rounds its
+   probabilities (a relative 2^-12 on each term of the output, below the fp16 output's own
+   rounding), and reach the V product's B operand from the logits' accumulator by a gather
+   that compiles to one warp shuffle per operand register (_weight_operand): V tiles keep their
+   tokens in the order that makes it so (:func:`kernels.decode.layout.kernel_token_order`). Only the sequence's
+   last code tile, which may end past the attended length, is masked (the loop over whole
+   tiles has no token mask). The last program attends the fp residual window. Each writes a
+   normalized partial output and its log-sum-exp (base 2).
+2. ``_decode_merge_kernel``, grid ``(Hq, B, D / MERGE_COLUMNS)``: merges the partials by
+   log-sum-exp, one warp per 32 channels of a query head.
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+LOG2E = 1.4426950408889634
+UNIT_INV = tl.constexpr(16777216.0)  # 2^24: the products count codes as code * 2^-24 (_class_factors)
+# Both 16-bit halves of a 32-bit register widened to fp32, low half to $0 (_widen, _widen_pair)
+WIDEN_F16_PAIR = tl.constexpr("{ .reg .b16 lo, hi; mov.b32 {lo, hi}, $2; cvt.f32.f16 $0, lo; cvt.f32.f16 $1, hi; }")
+WIDEN_BF16_PAIR = tl.constexpr("{ .reg .b16 lo, hi; mov.b32 {lo, hi}, $2; cvt.f32.bf16 $0, lo; cvt.f32.bf16 $1, hi; }")
+
+
+@triton.jit
+def _field(w, SHIFT: tl.constexpr, FIELD: tl.constexpr):
+    return (w >> SHIFT) & FIELD
+
+
+@triton.jit
+def _join4(w, START: tl.constexpr, STEP: tl.constexpr, FIELD: tl.constexpr):
+    return tl.join(tl.join(_field(w, START, FIELD), _field(w, START + STEP, FIELD)),
+                   tl.join(_field(w, START + 2 * STEP, FIELD), _field(w, START + 3 * STEP, FIELD)))
+
+
+@triton.jit
+def _join8(a0, a1, a2, a3, a4, a5, a6, a7):
+    return tl.join(tl.join(tl.join(a0, a1), tl.join(a2, a3)), tl.join(tl.join(a4, a5), tl.join(a6, a7)))
+
+
+@triton.jit
+def _three_bit_pairs(w0, w1, w2, CLASSES: tl.constexpr):
+    """The 16 register pairs of a 3-bit group (twin: kernels.decode.layout.three_bit_classes), joined last
+    by bit 0 of the register index: pairs of codes at bits 0-2 of their half-words (read as fp16,
+    code * 2^-24), at bits 3-5 (code * 2^-21) and, with CLASSES = 3, at bits 6-8 (code * 2^-18),
+    each taken with one AND per pair after at most one shift (the last pair gathers bit 15 of the
+    three planes). Two classes: the fields at bits 6-14 come down by shifts of 6, 9 and 12, 26
+    machine instructions for 32 values (8 shifts, 18 LOP3, which fuse each OR with an AND), 33
+    when every field was shifted down; the class is bit 1 of the value's index, hence of its
+    reduction index in the tile. Three classes: one shift of 9 per plane, the fields at bits 6-8
+    read where they are, 23 instructions (5 shifts, 18 LOP3); the class is 2 where bits 2 and 3
+    of the value's index are set (_class_factors)."""
+    LOW: tl.constexpr = 0x00070007
+    HIGH: tl.constexpr = 0x00380038
+    if CLASSES == 3:
+        TOP: tl.constexpr = 0x01C001C0
+        w0s9 = w0 >> 9
+        w1s9 = w1 >> 9
+        w2s9 = w2 >> 9
+        last = (w0s9 & 0x00400040) | ((w1 >> 8) & 0x00800080) | ((w2 >> 7) & 0x01000100)
+        evens = _join8(w0 & LOW, w1 & LOW, w2 & LOW, w0s9 & LOW, w1s9 & LOW, w2s9 & LOW, w0 & TOP, w1 & TOP)
+        odds = _join8(w0 & HIGH, w1 & HIGH, w2 & HIGH, w0s9 & HIGH, w1s9 & HIGH, w2s9 & HIGH, w2 & TOP, last)
+    else:
+        w0s6 = w0 >> 6
+        w1s6 = w1 >> 6
+        w2s6 = w2 >> 6
+        w0s12 = w0 >> 12
+        w2s12 = w2 >> 12
+        w1s9 = w1 >> 9
+        last = (w0s12 & 0x00080008) | ((w1 >> 11) & 0x00100010) | ((w2 >> 10) & 0x00200020)
+        evens = _join8(w0 & LOW, w1 & LOW, w2 & LOW, w0s6 & LOW, w1s6 & LOW, w2s6 & LOW, w0s12 & LOW, w2s12 & LOW)
+        odds = _join8(w0 & HIGH, w1 & HIGH, w2 & HIGH, w0s6 & HIGH, w1s6 & HIGH, w2s6 & HIGH, w1s9 & HIGH, last)
+    return tl.join(evens, odds)
+
+
+@triton.jit
+def _code_pairs(w0, w1, w2, w3, BITS: tl.constexpr, CLASSES: tl.constexpr):
+    """Planes uint32 [T, NRG] -> uint32 [T, NRG, 2, 2, 2, 2]: each group's 16 registers of two
+    masked code fields, register r of a group at index bits (r3, r2, r1, r0). Read as two fp16
+    numbers (_place_pairs) a register holds code * 2^-24 (3 bits: code * 2^-24, 2^-21 or 2^-18
+    by class, _three_bit_pairs), fp16 subnormals whose bit patterns are the masked fields, as the
+    tensor cores take them. Twin of kernels.decode.layout.unpack_group; every step stays in registers."""
+    if BITS == 2:
+        F: tl.constexpr = 0x00030003
+        pairs = tl.join(tl.join(_join4(w0, 0, 2, F), _join4(w0, 8, 2, F)),
+                        tl.join(_join4(w1, 0, 2, F), _join4(w1, 8, 2, F)))
+    elif BITS == 3:
+        pairs = _three_bit_pairs(w0, w1, w2, CLASSES)
+    else:
+        F4: tl.constexpr = 0x000F000F
+        pairs = tl.join(tl.join(_join4(w0, 0, 4, F4), _join4(w1, 0, 4, F4)),
+                        tl.join(_join4(w2, 0, 4, F4), _join4(w3, 0, 4, F4)))
+    return pairs
+
+
+@triton.jit
+def _class_factors(k, BITS: tl.constexpr, CLASSES: tl.constexpr):
+    """(factor, 1 / factor) fp32 for reduction indices k of a tile: the other operand's factor that
+    makes every code, as the kernel holds it, count as code * 2^-24: for 3 bits 8^-class, the class
+    being bit 1 of k (codes held as code * 2^-24 or code * 2^-21), and with CLASSES = 3 class 2
+    (code * 2^-18) where bits 4 and 5 of k are set; 1 throughout for 2 and 4 bits. A factor below 1
+    keeps every fp16 operand within the range it had (q * s and p * s only shrink); the zero
+    points take 1 / factor."""
+    if BITS == 3:
+        cls = (k >> 1) & 1
+        if CLASSES == 3:
+            cls = tl.where((k & 48) == 48, 2, cls)
+        return (tl.where(cls == 0, 1.0, tl.where(cls == 1, 0.125, 0.015625)),
+                tl.where(cls == 0, 1.0, tl.where(cls == 1, 8.0, 64.0)))
+    else:
+        one = (k * 0 + 1).to(tl.float32)
+        return one, one
+
+
+@triton.jit
+def _v_index(t):
+    """The V product's reduction index of natural token t of a tile (the inverse of
+    kernels.decode.layout.kernel_token_order: within each 16, token 8b + 2c + a at 4c + 2a + b)."""
+    return (t & ~15) | ((t & 7) << 1) | ((t >> 3) & 1)
+
+
+@triton.jit
+def _halves(w, DT: tl.constexpr):
+    """uint32 [...] -> DT (a 16-bit type) [..., 2]: the low and the high half of each word, bit for
+    bit, by integer ops, which mean the same in every layout."""
+    return tl.join((w & 0xFFFF).to(tl.uint16), (w >> 16).to(tl.uint16)).to(DT, bitcast=True)
+
+
+@triton.jit
+def _fp16_pairs(pairs, INTERPRET: tl.constexpr):
+    """uint32 [...] -> fp16 [..., 2] as _halves. Compiled, an opaque move, so that the compiler keeps
+    each word whole as the register the tensor cores read (seen through, it splits the shifts and
+    masks into 16-bit halves and packs them again). The move takes its two outputs from the
+    registers the layout puts side by side, the join's two halves in the operand layouts
+    _place_pairs gives it; elsewhere (the gathered words) _halves is the safe reading, and there
+    the compiler keeps the words whole by itself."""
+    if INTERPRET:
+        return _halves(pairs, tl.float16)
+    else:
+        return tl.inline_asm_elementwise("mov.b32 $0, $1;", "=r,r,r", [tl.join(pairs, pairs)],
+                                         dtype=tl.float16, is_pure=True, pack=2)
+
+
+@triton.jit
+def _load_run(ptr, T: tl.constexpr, R: tl.constexpr):
+    """Each thread's R consecutive words (one 4 * R byte access): uint32 [T, R]."""
+    w = tl.load(ptr + tl.arange(0, T)[:, None] * R + tl.arange(0, R)[None, :])
+    return w.to(tl.uint32, bitcast=True)
+
+
+@triton.jit
+def _load_plane(ptr, PLANE: tl.constexpr, NRG: tl.constexpr, T: tl.constexpr):
+    """Plane PLANE of the thread's NRG groups, in runs of up to 4 words per thread (kernels.decode.layout):
+    uint32 [T, NRG]."""
+    R: tl.constexpr = NRG if NRG < 4 else 4
+    base = ptr + PLANE * NRG * T
+    w = _load_run(base, T, R)
+    if NRG == 8:
+        w = tl.reshape(tl.permute(tl.join(w, _load_run(base + 4 * T, T, R)), (0, 2, 1)), [T, 8])
+    return w
+
+
+@triton.jit
+def _load_words(ptr, NRG: tl.constexpr, T: tl.constexpr, BITS: tl.constexpr):
+    """The BITS planes of the thread's NRG groups of one tile: uint32 [T, NRG] each (planes past
+    BITS repeat plane 1 and are not read)."""
+    w0 = _load_plane(ptr, 0, NRG, T)
+    w1 = _load_plane(ptr, 1, NRG, T)
+    w2 = w1
+    w3 = w1
+    if BITS >= 3:
+        w2 = _load_plane(ptr, 2, NRG, T)
+    if BITS == 4:
+        w3 = _load_plane(ptr, 3, NRG, T)
+    return w0, w1, w2, w3
+
+
+@triton.jit
+def _place_pairs(pairs, N: tl.constexpr, K: tl.constexpr, WARPS: tl.constexpr, INTERPRET: tl.constexpr):
+    """Per-thread code registers uint32 [T, ...] (_code_pairs, in value order) of an [N, K] tile
+    -> fp16 [N, K] holding the codes as exact subnormals (code * 2^-24, and for 3 bits
+    code * 2^-21 or 2^-18 by the class of the K index, _class_factors), already in the register
+    layout of a tensor-core operand (kernels.decode.layout: reshape, permute, reshape)."""
+    vals = tl.reshape(_fp16_pairs(pairs, INTERPRET), [8 * WARPS, 4, N // (8 * WARPS), K // 16, 4])
+    return tl.reshape(tl.permute(vals, (2, 0, 3, 1, 4)), [N, K])
+
+
+@triton.jit
+def _load_tile(ptr, N: tl.constexpr, K: tl.constexpr, BITS: tl.constexpr, CLASSES: tl.constexpr, WARPS: tl.constexpr,
+               INTERPRET: tl.constexpr):
+    """Decode-arranged words of one tile -> fp16 [N, K] held codes (_place_pairs)."""
+    NRG: tl.constexpr = N * K // (32 * WARPS * 32)
+    w0, w1, w2, w3 = _load_words(ptr, NRG, 32 * WARPS, BITS)
+    return _place_pairs(_code_pairs(w0, w1, w2, w3, BITS, CLASSES), N, K, WARPS, INTERPRET)
+
+
+@triton.jit
+def _word_halves(w, T: tl.constexpr, NRG: tl.constexpr):
+    """uint32 [T, NRG] -> the thread's first and last NRG / 2 groups, [T, NRG / 2] each."""
+    return tl.split(tl.permute(tl.reshape(w, [T, 2, NRG // 2]), (0, 2, 1)))
+
+
+@triton.jit
+def _load_tile_halves(ptr, N: tl.constexpr, K: tl.constexpr, BITS: tl.constexpr, CLASSES: tl.constexpr,
+                      WARPS: tl.constexpr,
+                      INTERPRET: tl.constexpr):
+    """Rows [0, N/2) and [N/2, N) of _load_tile, each fp16 [N / 2, K]. The top bit of a row is the
+    top bit of the thread's value index (_place_pairs): with several groups per thread the
+    first and the last half of its groups, split as words; with one group, its registers 0-7
+    and 8-15 (index bit r3 of _code_pairs), split as registers. Either way each half is unpacked
+    straight into its own operand layout (no 16-bit halves to regroup)."""
+    T: tl.constexpr = 32 * WARPS
+    NRG: tl.constexpr = N * K // (T * 32)
+    w0, w1, w2, w3 = _load_words(ptr, NRG, T, BITS)
+    if NRG == 1:
+        lo, hi = tl.split(tl.permute(tl.reshape(_code_pairs(w0, w1, w2, w3, BITS, CLASSES), [T, 2, 8]), (0, 2, 1)))
+        first = _place_pairs(lo, N // 2, K, WARPS, INTERPRET)
+        last = _place_pairs(hi, N // 2, K, WARPS, INTERPRET)
+    else:
+        a0, b0 = _word_halves(w0, T, NRG)
+        a1, b1 = _word_halves(w1, T, NRG)
+        a2, b2 = _word_halves(w2, T, NRG)
+        a3, b3 = _word_halves(w3, T, NRG)
+        first = _place_pairs(_code_pairs(a0, a1, a2, a3, BITS, CLASSES), N // 2, K, WARPS, INTERPRET)
+        last = _place_pairs(_code_pairs(b0, b1, b2, b3, BITS, CLASSES), N // 2, K, WARPS, INTERPRET)
+    return first, last
+
+
+@triton.jit
+def _online_update(m, l, acc, qk, v, valid):
+    """One flash-decoding step. qk [M, T] fp32 (log2 domain), v [T, D], valid [T] bool."""
+    qk = tl.where(valid[None, :], qk, float("-inf"))
+    m_new = tl.maximum(m, tl.max(qk, 1))
+    alpha = tl.exp2(m - m_new)
+    p = tl.exp2(qk - m_new[:, None])
+    l = l * alpha + tl.sum(p, 1)
+    acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
+    return m_new, l, acc
+
+
+@triton.jit
+def _hi_lo(x):
+    """fp32 x -> (fl16(x), fl16(x - fl16(x))): an fp16 pair whose sum carries about 22 bits."""
+    hi = x.to(tl.float16)
+    return hi, (x - hi.to(tl.float32)).to(tl.float16)
+
+
+@triton.jit
+def _fold_k_scales(q32, ks, kz, HALF: tl.constexpr, D: tl.constexpr, INTERPRET: tl.constexpr):
+    """K scales [D] folded into q32 [D, QROWS] (one query head per column): (the K product's B
+    operand fp16 [D, 2 HALF], bias [HALF] = (q*s) . zero). Columns 2 h and 2 h + 1 hold head h's
+    hi(q*s) = fl16(q*s) and lo(q*s) = fl16(q*s - hi), whose sum carries about 22 bits.
+
+    With one query head per kv head (QROWS = 1) every head slot repeats it (and every bias entry
+    its bias): each thread packs its channel pairs' hi and lo into 32-bit words where they are
+    computed and the words are gathered into the operand's registers (_q_operand; no shared
+    memory). For GQA (QROWS = HALF) each head's hi and lo join into its two columns where they
+    are, and the compiler takes the operand through shared memory (a gather there shuffles more
+    and spills)."""
+    x = q32 * ks[:, None]
+    bias = tl.sum(x * kz[:, None], 0)
+    if q32.shape[1] == 1:
+        return _q_operand(x, HALF, D, INTERPRET), tl.zeros([HALF], tl.float32) + bias
+    else:
+        hi, lo = _hi_lo(x)
+        return tl.reshape(tl.join(hi, lo), [D, 2 * HALF]), bias
+
+
+@triton.jit
+def _q_operand(x, HALF: tl.constexpr, D: tl.constexpr, INTERPRET: tl.constexpr):
+    """fp32 q*s [D, 1] of one query head -> fp16 [D, 2 HALF], column n its hi (n even) or lo (n odd)."""
+    hi = x.to(tl.float16).to(tl.float32)
+    hi_even, hi_odd = tl.split(tl.reshape(hi, [D // 2, 2]))
+    lo_even, lo_odd = tl.split(tl.reshape(x - hi, [D // 2, 2]))
+    words = tl.reshape(tl.join(_f16x2(hi_even, hi_odd, INTERPRET), _f16x2(lo_even, lo_odd, INTERPRET)), [D])
+    pair = tl.arange(0, D // 2)[:, None]
+    n = tl.arange(0, 2 * HALF)[None, :]
+    index = tl.reshape(2 * pair + n % 2, [D * HALF])
+    halves = tl.reshape(_halves(tl.gather(words, index, 0), tl.float16), [D // 2, 2 * HALF, 2])
+    return tl.reshape(tl.permute(halves, (0, 2, 1)), [D, 2 * HALF])
+
+
+@triton.jit
+def _head_cols(x, HALF: tl.constexpr, VCOLS: tl.constexpr):
+    """[HALF] per head slot -> [VCOLS], the V product's columns: slot n // (VCOLS / HALF) in
+    column n (two neighbouring columns a slot where VCOLS = 2 HALF, as the logits' accumulator
+    holds the slots: no shuffle)."""
+    if VCOLS == HALF:
+        return x
+    else:
+        return tl.reshape(tl.join(x, x), [VCOLS])
+
+
+@triton.jit
+def _head_part(acc, G: tl.constexpr, HALF: tl.constexpr, VCOLS: tl.constexpr):
+    """V accumulator [G, VCOLS] -> [G, HALF]: each head slot's first column (_head_cols)."""
+    if VCOLS == HALF:
+        return acc
+    else:
+        first, _ = tl.split(tl.reshape(acc, [G, HALF, 2]))
+        return first
+
+
+@triton.jit
+def _f16x2(lo, hi, INTERPRET: tl.constexpr):
+    """fp32 lo, hi -> uint32 words holding fl16(lo) in the low and fl16(hi) in the high half (one
+    round-to-nearest-even convert of both, compiled)."""
+    if INTERPRET:
+        lo16 = lo.to(tl.float16).to(tl.uint16, bitcast=True).to(tl.uint32)
+        hi16 = hi.to(tl.float16).to(tl.uint16, bitcast=True).to(tl.uint32)
+        return lo16 | (hi16 << 16)
+    else:
+        return tl.inline_asm_elementwise("cvt.rn.f16x2.f32 $0, $2, $1;", "=r,r,r", [lo, hi], dtype=tl.uint32,
+                                         is_pure=True, pack=1)
+
+
+@triton.jit
+def _weight_operand(w, T: tl.constexpr, HALF: tl.constexpr, VCOLS: tl.constexpr, INTERPRET: tl.constexpr):
+    """Softmax weights with the V scales folded in, fp32 [T, HALF] (natural token order, the
+    logits' accumulator layout) -> the V product's B operand fp16 [T, VCOLS]: row k holds token
+    kernels.decode.layout.kernel_token_order[k] (16 j + 4 c + 2 a + b: token 16 j + 8 b + 2 c + a),
+    column n head slot n // (VCOLS / HALF) (_head_cols), each weight rounded once to fp16 (as flash
+    attention rounds its probabilities; the output's own fp16 rounding is larger). Tokens t and t + 8 of each 16, which
+    one thread holds in the logits' accumulator, are packed into one 32-bit word where they are,
+    and the words gathered into the rows the tensor cores read: with one warp, one shuffle per
+    register of the operand (the rows' order is chosen for that)."""
+    lo, hi = tl.split(tl.permute(tl.reshape(w, [T // 16, 2, 8, HALF]), (0, 2, 3, 1)))  # tokens 16 i + r, + 8
+    words = tl.reshape(_f16x2(lo, hi, INTERPRET), [T // 16 * 8 * HALF])
+    j = tl.arange(0, T // 16)[:, None, None, None]
+    c = tl.arange(0, 4)[None, :, None, None]
+    a = tl.arange(0, 2)[None, None, :, None]
+    n = tl.arange(0, VCOLS)[None, None, None, :]
+    index = tl.reshape((8 * j + 2 * c + a) * HALF + n // (VCOLS // HALF), [T // 16 * 8 * VCOLS])
+    halves = tl.reshape(_halves(tl.gather(words, index, 0), tl.float16), [T // 16, 4, 2, VCOLS, 2])
+    return tl.reshape(tl.permute(halves, (0, 1, 2, 4, 3)), [T, VCOLS])
+
+
+@triton.jit
+def _v_group(acc, zacc, p, alpha, v, s, z, HALF: tl.constexpr, VCOLS: tl.constexpr, BLOCK_T: tl.constexpr,
+             INTERPRET: tl.constexpr):
+    """V product of one channel group with its per-token scale s [T] folded into p [T, HALF].
+
+    acc [G, VCOLS] += (held code) @ fl16(p * s) (_weight_operand); zacc [HALF] += sum over the
+    tile's tokens of (p * s) * z (2^24 acc - zacc is the dequantized product). s and z are fp32
+    [T], s with the class factors folded in and z divided by them; v [G, T] holds its tokens in
+    kernels.decode.layout's V tile order.
+    """
+    ps32 = p * s[:, None]
+    ps = _weight_operand(ps32, BLOCK_T, HALF, VCOLS, INTERPRET)
+    acc = tl.dot(v, ps, acc * _head_cols(alpha, HALF, VCOLS)[None, :])
+    zacc = zacc * alpha + tl.sum(ps32 * z[:, None], 0)
+    return acc, zacc
+
+
+@triton.jit
+def _tile_params(
+    cache, b, h, page, page_idx, off, t0, live, code_len, D: tl.constexpr, G: tl.constexpr,
+    BLOCK_T: tl.constexpr, SCALE_WORDS: tl.constexpr,
+):
+    """(page, offset, K scale and zero [D] per channel, V scale and zero [T] per token for channel
+    groups 0 and 1, page_idx) of the tile at token t0 of its sequence, token off of its page_idx-th
+    block-table entry (page, _page), from the cache tuple (_cache_tuple), as loaded (masked tokens read
+    as 0): widened to fp32 only where the tile is attended (_tile_scales), a tile later, so that
+    nothing waits on these loads in the tile that issues them. SCALE_WORDS (16-bit scales, two V
+    groups per token, 4-byte aligned rows, scale_words): K scales and zeros come as uint32
+    [D / 4, 2] words of two channels, each token's two V scales (and zeros) as one uint32 word
+    (vs0, vz0; vs1 and vz1 repeat them), which needs no packing of 16-bit halves after the load.
+    Loaded one tile ahead of their use by plain loads (the code words come through the compiler's
+    pipelined asynchronous copies)."""
+    NGV: tl.constexpr = D // G
+    ks_ptr, kz_ptr, stride_ks_p, stride_ks_h, stride_ks_g = cache[4], cache[5], cache[6], cache[7], cache[8]
+    vs_ptr, vz_ptr, stride_vs_p, stride_vs_h, stride_vs_t = cache[13], cache[14], cache[15], cache[16], cache[17]
+    d = tl.arange(0, D)
+    tt = tl.arange(0, BLOCK_T)
+    krow = page * stride_ks_p + h * stride_ks_h + (off // G) * stride_ks_g
+    # Vector masks built by a vector comparison: triton 3.9's interpreter keeps a scalar
+    # comparison's result as int32 data, which `&` would carry into a load mask it rejects.
+    if SCALE_WORDS:
+        # words as [D / 4, 2]: a [T]-shaped load would share its per-thread vector width with the V
+        # scale loads (the compiler's coalescing groups loads of one shape), which want one per thread
+        dw = tl.reshape(tl.arange(0, D // 2), [D // 4, 2])
+        kword = krow // 2 + dw
+        w_live = dw < tl.where(live, D // 2, 0)
+        ks = tl.load(ks_ptr.to(tl.pointer_type(tl.uint32), bitcast=True) + kword, mask=w_live, other=0)
+        kz = tl.load(kz_ptr.to(tl.pointer_type(tl.uint32), bitcast=True) + kword, mask=w_live, other=0)
+    else:
+        k_live = d < tl.where(live, D, 0)
+        ks = tl.load(ks_ptr + krow + d, mask=k_live, other=0.0)
+        kz = tl.load(kz_ptr + krow + d, mask=k_live, other=0.0)
+    vbase = page * stride_vs_p + h * stride_vs_h + (off + tt) * stride_vs_t
+    valid = (t0 + tt < code_len) & (tt < tl.where(live, BLOCK_T, 0))
+    if SCALE_WORDS:
+        vs0 = tl.load((vs_ptr + vbase).to(tl.pointer_type(tl.uint32)), mask=valid, other=0)
+        vz0 = tl.load((vz_ptr + vbase).to(tl.pointer_type(tl.uint32)), mask=valid, other=0)
+    else:
+        vs0 = tl.load(vs_ptr + vbase, mask=valid, other=0.0)
+        vz0 = tl.load(vz_ptr + vbase, mask=valid, other=0.0)
+    vs1 = vs0
+    vz1 = vz0
+    if NGV == 2 and not SCALE_WORDS:
+        vs1 = tl.load(vs_ptr + vbase + 1, mask=valid, other=0.0)
+        vz1 = tl.load(vz_ptr + vbase + 1, mask=valid, other=0.0)
+    return page, off, ks, kz, vs0, vz0, vs1, vz1, page_idx
+
+
+@triton.jit
+def _page(cache, b, page_idx, live):
+    """Block-table entry page_idx of sequence b (0 where not live), as int64."""
+    bt_ptr, stride_bt_b = cache[18], cache[19]
+    return tl.load(bt_ptr + b * stride_bt_b + page_idx, mask=live, other=0).to(tl.int64)
+
+
+@triton.jit
+def _code_length(lens_ptr, cache_lens_ptr, b, G: tl.constexpr):
+    """(tokens attended, tokens in whole quantized groups among them) of sequence b."""
+    length = tl.load(lens_ptr + b)
+    cached = tl.load(cache_lens_ptr + b)
+    return length, tl.minimum(length, (cached // G) * G)
+
+
+@triton.jit
+def _next_position(page_idx, off, page_size, BLOCK_T: tl.constexpr):
+    """(page_idx, off) of the tile after the one at token off of block-table entry page_idx (page
+    sizes are multiples of the tile): no division per tile."""
+    off = off + BLOCK_T
+    wrap = (off >= page_size).to(tl.int32)
+    return page_idx + wrap, off - wrap * page_size
+
+
+@triton.jit
+def _widen(x, INTERPRET: tl.constexpr):
+    """fp16 / bf16 / fp32 -> fp32 where it stands: compiled, an opaque cvt of two values at a time
+    (a 32-bit register), so that the compiler neither moves it next to the load it waits on nor
+    repeats it in the products' wider layouts."""
+    if INTERPRET or x.dtype == tl.float32:
+        return x.to(tl.float32)
+    elif x.dtype == tl.bfloat16:
+        return tl.inline_asm_elementwise(WIDEN_BF16_PAIR, "=r,=r,r", [x], dtype=tl.float32, is_pure=True, pack=2)
+    else:
+        return tl.inline_asm_elementwise(WIDEN_F16_PAIR, "=r,=r,r", [x], dtype=tl.float32, is_pure=True, pack=2)
+
+
+@triton.jit
+def _widen_pair(w, scale_dtype: tl.constexpr, INTERPRET: tl.constexpr):
+    """uint32 words of two 16-bit scales (scale_dtype: fp16 or bf16; low half first) -> (low, high) fp32."""
+    if INTERPRET:
+        lo, hi = tl.split(_halves(w, scale_dtype))
+        return lo.to(tl.float32), hi.to(tl.float32)
+    elif scale_dtype == tl.bfloat16:
+        return tl.inline_asm_elementwise(WIDEN_BF16_PAIR, "=r,=r,r", [w], dtype=(tl.float32, tl.float32),
+                                         is_pure=True, pack=1)
+    else:
+        return tl.inline_asm_elementwise(WIDEN_F16_PAIR, "=r,=r,r", [w], dtype=(tl.float32, tl.float32),
+                                         is_pure=True, pack=1)
+
+
+@triton.jit
+def _channel_pairs(w, SDT: tl.constexpr, INTERPRET: tl.constexpr):
+    """uint32 [D / 4, 2], word (i, j) holding channels 4 i + 2 j and 4 i + 2 j + 1 -> fp32 [D]."""
+    lo, hi = _widen_pair(w, SDT, INTERPRET)
+    return tl.reshape(tl.join(lo, hi), [4 * w.shape[0]])
+
+
+@triton.jit
+def _tile_scales(params, SDT: tl.constexpr, SCALE_WORDS: tl.constexpr, INTERPRET: tl.constexpr):
+    """A tile's scales and zeros as _tile_params loaded them -> fp32 (ks, kz [D]; vs0, vz0, vs1,
+    vz1 [T])."""
+    ks, kz, vs0, vz0, vs1, vz1 = params[2], params[3], params[4], params[5], params[6], params[7]
+    if SCALE_WORDS:
+        ks = _channel_pairs(ks, SDT, INTERPRET)
+        kz = _channel_pairs(kz, SDT, INTERPRET)
+        vs0, vs1 = _widen_pair(vs0, SDT, INTERPRET)
+        vz0, vz1 = _widen_pair(vz0, SDT, INTERPRET)
+    else:
+        ks = _widen(ks, INTERPRET)
+        kz = _widen(kz, INTERPRET)
+        vs0 = _widen(vs0, INTERPRET)
+        vz0 = _widen(vz0, INTERPRET)
+        vs1 = _widen(vs1, INTERPRET)
+        vz1 = _widen(vz1, INTERPRET)
+    return ks, kz, vs0, vz0, vs1, vz1
+
+
+@triton.jit
+def _cache_tuple(kw_ptr, stride_kw_p, stride_kw_h, stride_kw_t, ks_ptr, kz_ptr, stride_ks_p, stride_ks_h, stride_ks_g,
+                 vw_ptr, stride_vw_p, stride_vw_h, stride_vw_t, vs_ptr, vz_ptr, stride_vs_p, stride_vs_h, stride_vs_t,
+                 bt_ptr, stride_bt_b, page_size):
+    """The code cache's pointers and strides as one tuple, in this order (read by index in
+    _tile_params and _code_tile)."""
+    return (kw_ptr, stride_kw_p, stride_kw_h, stride_kw_t, ks_ptr, kz_ptr, stride_ks_p, stride_ks_h, stride_ks_g,
+            vw_ptr, stride_vw_p, stride_vw_h, stride_vw_t, vs_ptr, vz_ptr, stride_vs_p, stride_vs_h, stride_vs_t,
+            bt_ptr, stride_bt_b, page_size)
+
+
+@triton.jit
+def _code_tile(
+    state, params, cache, q32, h, tile, code_len, HALF: tl.constexpr, VCOLS: tl.constexpr, D: tl.constexpr,
+    G: tl.constexpr, BITS: tl.constexpr, CLASSES: tl.constexpr, SCALE_WORDS: tl.constexpr, BLOCK_T: tl.constexpr,
+    WARPS: tl.constexpr, INTERPRET: tl.constexpr, MASKED: tl.constexpr,
+):
+    """Attend one tile of BLOCK_T quantized tokens (one page, one K scale group) and return the
+    softmax state (m, l_acc, acc0, acc1, zacc0, zacc1); params are the tile's (_tile_params).
+    MASKED: the tile may end past code_len (the sequence's last code tile), whose logits beyond
+    it are -inf.
+
+    K: the tile's per-channel scales are folded into q (q * s, split into an fp16 hi and lo
+    column per head, the N dimension) and its zero points become one bias per head, so the
+    codes enter the tensor cores (A operand, tokens as M) as they are unpacked, code * 2^-24
+    (3 bits: or code * 2^-21 and 2^-18, where q carries 1/8 and 1/64, _class_factors), exact fp16
+    subnormals which the tensor cores multiply exactly; the fp32 results are scaled back by 2^24:
+    logits = 2^24 (held code) @ (q*s*f) - (q*s) . zero, hi and lo columns summed. Small operands
+    (codes, not 1024 + code as the fp16 magic number would give) keep the tensor-core
+    accumulation exact enough over 100K tokens.
+    V: per-token scales folded into p, rounded once to fp16, one product per channel group (_v_group).
+    """
+    NGV: tl.constexpr = D // G
+    m, l_acc, acc0, acc1, zacc0, zacc1 = state
+    page, off = params[0], params[1]
+    ks, kz, vs0, vz0, vs1, vz1 = _tile_scales(params, cache[4].dtype.element_ty, SCALE_WORDS, INTERPRET)
+    kw_ptr, stride_kw_p, stride_kw_h, stride_kw_t = cache[0], cache[1], cache[2], cache[3]
+    vw_ptr, stride_vw_p, stride_vw_h, stride_vw_t = cache[9], cache[10], cache[11], cache[12]
+    kinv = _class_factors(tl.arange(0, D), BITS, CLASSES)[1]  # q32 carries the factors (_code_partial)
+    qs, bias = _fold_k_scales(q32, ks, kz * kinv, HALF, D, INTERPRET)
+    kptr = kw_ptr + page * stride_kw_p + h * stride_kw_h + (off // BLOCK_T) * stride_kw_t
+    k_codes = _load_tile(kptr, BLOCK_T, D, BITS, CLASSES, WARPS, INTERPRET)  # [BLOCK_T, D], held codes
+    qk = tl.sum(tl.reshape(tl.dot(k_codes, qs), [BLOCK_T, HALF, 2]), 2) * UNIT_INV - bias[None, :]
+    if MASKED:
+        valid = tile * BLOCK_T + tl.arange(0, BLOCK_T) < code_len
+        qk = tl.where(valid[:, None], qk, float("-inf"))  # [BLOCK_T, HALF], log2 domain
+    m_new = tl.maximum(m, tl.max(qk, 0))
+    alpha = tl.exp2(m - m_new)
+    p = tl.exp2(qk - m_new[None, :])
+    l_acc = l_acc * alpha[None, :] + p
+
+    vptr = vw_ptr + page * stride_vw_p + h * stride_vw_h + (off // BLOCK_T) * stride_vw_t
+    # the class of V token t: by its reduction index (kernel_token_order)
+    vf, vinv = _class_factors(_v_index(tl.arange(0, BLOCK_T)), BITS, CLASSES)
+    if NGV == 1:
+        v_codes = _load_tile(vptr, D, BLOCK_T, BITS, CLASSES, WARPS, INTERPRET)  # [D, BLOCK_T], held codes
+        acc0, zacc0 = _v_group(acc0, zacc0, p, alpha, v_codes, vs0 * vf, vz0 * vinv, HALF, VCOLS, BLOCK_T, INTERPRET)
+    else:
+        v0, v1 = _load_tile_halves(vptr, D, BLOCK_T, BITS, CLASSES, WARPS, INTERPRET)  # [G, BLOCK_T] each
+        acc0, zacc0 = _v_group(acc0, zacc0, p, alpha, v0, vs0 * vf, vz0 * vinv, HALF, VCOLS, BLOCK_T, INTERPRET)
+        acc1, zacc1 = _v_group(acc1, zacc1, p, alpha, v1, vs1 * vf, vz1 * vinv, HALF, VCOLS, BLOCK_T, INTERPRET)
+    return m_new, l_acc, acc0, acc1, zacc0, zacc1
+
+
+@triton.jit
+def _store_partial(mid_o_ptr, b, heads, split, stride_mo_b, stride_mo_h, stride_mo_s, out, col0, keep,
+                   X: tl.constexpr):
+    cols = col0 + tl.arange(0, X)
+    ptrs = mid_o_ptr + b * stride_mo_b + heads[:, None] * stride_mo_h + split * stride_mo_s + cols[None, :]
+    tl.store(ptrs, out, mask=keep[:, None])
+
+
+@triton.jit
+def _store_lse(mid_lse_ptr, b, heads, split, stride_ml_b, stride_ml_h, m, l, keep):
+    lse = tl.where(l > 0.0, m + tl.log2(tl.where(l > 0.0, l, 1.0)), float("-inf"))
+    tl.store(mid_lse_ptr + b * stride_ml_b + heads * stride_ml_h + split, lse, mask=keep)
+
+
+@triton.jit
+def _tile_step(
+    state, params, cache, q32, b, h, tile, t_end, code_len, HALF: tl.constexpr, VCOLS: tl.constexpr,
+    D: tl.constexpr, G: tl.constexpr, BITS: tl.constexpr, CLASSES: tl.constexpr, SCALE_WORDS: tl.constexpr,
+    BLOCK_T: tl.constexpr, WARPS: tl.constexpr, INTERPRET: tl.constexpr, MASKED: tl.constexpr,
+):
+    """One step of a split's tile loop: fetch the next tile's page and scales, attend this tile
+    (whose page and scales, params, the previous step fetched). Returns the softmax state and
+    the next tile's parameters."""
+    page_idx, off = _next_position(params[8], params[1], cache[20], BLOCK_T)
+    live = tile + 1 < t_end
+    nxt = _tile_params(cache, b, h, _page(cache, b, page_idx, live), page_idx, off, (tile + 1) * BLOCK_T, live,
+                       code_len, D, G, BLOCK_T, SCALE_WORDS)
+    state = _code_tile(state, params, cache, q32, h, tile, code_len, HALF, VCOLS, D, G, BITS, CLASSES, SCALE_WORDS,
+                       BLOCK_T, WARPS, INTERPRET, MASKED)
+    return state, nxt
+
+
+@triton.jit
+def _code_partial(
+    q_ptr, stride_qb, stride_qh, kw_ptr, stride_kw_p, stride_kw_h, stride_kw_t,
+    ks_ptr, kz_ptr, stride_ks_p, stride_ks_h, stride_ks_g, vw_ptr, stride_vw_p, stride_vw_h, stride_vw_t,
+    vs_ptr, vz_ptr, stride_vs_p, stride_vs_h, stride_vs_t, bt_ptr, stride_bt_b,
+    mid_o_ptr, mid_lse_ptr, stride_mo_b, stride_mo_h, stride_mo_s, stride_ml_b, stride_ml_h,
+    b, h, split, lens_ptr, cache_lens_ptr, qk_scale, page_size, tiles_per_split, table_cols,
+    GROUP: tl.constexpr, QROWS: tl.constexpr, COLS: tl.constexpr, VCOLS: tl.constexpr, D: tl.constexpr,
+    G: tl.constexpr, BITS: tl.constexpr, CLASSES: tl.constexpr, SCALE_WORDS: tl.constexpr, BLOCK_T: tl.constexpr,
+    WARPS: tl.constexpr, INTERPRET: tl.constexpr,
+):
+    """Attend the split's tiles of quantized tokens and store its partial output and lse."""
+    NGV: tl.constexpr = D // G
+    HALF: tl.constexpr = COLS // 2
+    G1: tl.constexpr = G if NGV == 2 else 16  # second channel group's accumulator (unused when NGV = 1)
+    # q32 [D, QROWS], one head per column (heads padded by repeats), from a channel-major load:
+    # a channel's heads sit in neighbouring lanes, the order in which the K product's q*s columns
+    # are stored to shared memory (from a head-major q those stores conflict)
+    flat = tl.arange(0, D * QROWS)
+    channel = flat // QROWS
+    head = (flat % QROWS) % GROUP
+    q = tl.load(q_ptr + b * stride_qb + (h * GROUP + head) * stride_qh + channel)
+    q32 = tl.reshape(q.to(tl.float32) * qk_scale * _class_factors(channel, BITS, CLASSES)[0], [D, QROWS])
+    cache = _cache_tuple(kw_ptr, stride_kw_p, stride_kw_h, stride_kw_t, ks_ptr, kz_ptr, stride_ks_p, stride_ks_h,
+                         stride_ks_g, vw_ptr, stride_vw_p, stride_vw_h, stride_vw_t, vs_ptr, vz_ptr, stride_vs_p,
+                         stride_vs_h, stride_vs_t, bt_ptr, stride_bt_b, page_size)
+    state = (tl.full([HALF], float("-inf"), tl.float32), tl.zeros([BLOCK_T, HALF], tl.float32),
+             tl.zeros([G, VCOLS], tl.float32), tl.zeros([G1, VCOLS], tl.float32),
+             tl.zeros([HALF], tl.float32), tl.zeros([HALF], tl.float32))  # m, l_acc, acc0, acc1, zacc0, zacc1
+    t_begin = split * tiles_per_split
+    t0 = t_begin * BLOCK_T
+    page_idx = t0 // page_size
+    # the first page is read before the sequence's length, bounded by the block table's width
+    # alone, so that the two loads go out together (past the length, its scales and codes are
+    # not read)
+    page = _page(cache, b, page_idx, page_idx < table_cols)
+    code_len = _code_length(lens_ptr, cache_lens_ptr, b, G)[1]
+    t_end = tl.minimum(t_begin + tiles_per_split, (code_len + BLOCK_T - 1) // BLOCK_T)
+    params = _tile_params(cache, b, h, page, page_idx, t0 - page_idx * page_size, t0, t_begin < t_end, code_len,
+                          D, G, BLOCK_T, SCALE_WORDS)
+    # Tiles before t_whole hold code_len's tokens throughout and skip the token mask; at most the
+    # split's last tile (the sequence's last code tile) ends past code_len.
+    t_whole = tl.maximum(t_begin, tl.minimum(t_end, code_len // BLOCK_T))
+    if INTERPRET:  # the interpreter cannot run range() over run-time bounds
+        tile = t_begin
+        while tile < t_whole:
+            state, params = _tile_step(state, params, cache, q32, b, h, tile, t_end, code_len, HALF, VCOLS, D, G, BITS,
+                                       CLASSES, SCALE_WORDS, BLOCK_T, WARPS, INTERPRET, False)
+            tile += 1
+    else:  # a for loop: the compiler software-pipelines its loads (NUM_STAGES)
+        for tile in range(t_begin, t_whole):
+            state, params = _tile_step(state, params, cache, q32, b, h, tile, t_end, code_len, HALF, VCOLS, D, G, BITS,
+                                       CLASSES, SCALE_WORDS, BLOCK_T, WARPS, INTERPRET, False)
+    if t_whole < t_end:  # the last code tile, partly past code_len: masked
+        state, params = _tile_step(state, params, cache, q32, b, h, t_whole, t_end, code_len, HALF, VCOLS, D, G, BITS,
+                                   CLASSES, SCALE_WORDS, BLOCK_T, WARPS, INTERPRET, True)
+    m, l_acc, acc0, acc1, zacc0, zacc1 = state
+    l = tl.sum(l_acc, 0)
+    inv = 1.0 / tl.where(l > 0.0, l, 1.0)
+    heads = tl.arange(0, HALF)
+    out0 = tl.trans(_head_part(acc0, G, HALF, VCOLS)) * UNIT_INV - zacc0[:, None]
+    _store_partial(mid_o_ptr, b, h * GROUP + heads, split, stride_mo_b, stride_mo_h, stride_mo_s,
+                   out0 * inv[:, None], 0, heads < GROUP, G)
+    if NGV == 2:
+        out1 = tl.trans(_head_part(acc1, G, HALF, VCOLS)) * UNIT_INV - zacc1[:, None]
+        _store_partial(mid_o_ptr, b, h * GROUP + heads, split, stride_mo_b, stride_mo_h, stride_mo_s,
+                       out1 * inv[:, None], G, heads < GROUP, G)
+    _store_lse(mid_lse_ptr, b, h * GROUP + heads, split, stride_ml_b, stride_ml_h, m, l, heads < GROUP)
+
+
+@triton.jit
+def _residual_partial(
+    q_ptr, stride_qb, stride_qh, kr_ptr, vr_ptr, stride_r_b, stride_r_h, stride_r_t,
+    mid_o_ptr, mid_lse_ptr, stride_mo_b, stride_mo_h, stride_mo_s, stride_ml_b, stride_ml_h,
+    b, h, split, res_len, qk_scale, GROUP: tl.constexpr, COLS: tl.constexpr, D: tl.constexpr, G: tl.constexpr,
+    INTERPRET: tl.constexpr,
+):
+    """Attend the fp residual window, 16 tokens at a time, and store its partial. The products
+    run in q's dtype on the tensor cores (fp32 in the interpreter, whose bf16 arithmetic is off)."""
+    HALF: tl.constexpr = COLS // 2
+    DOT: tl.constexpr = tl.float32 if INTERPRET else q_ptr.dtype.element_ty
+    d = tl.arange(0, D)
+    MR: tl.constexpr = 16 if HALF < 16 else HALF
+    heads = tl.arange(0, MR)
+    q = tl.load(q_ptr + b * stride_qb + (h * GROUP + heads)[:, None] * stride_qh + d[None, :],
+                mask=(heads < GROUP)[:, None], other=0.0).to(DOT)
+    m = tl.full([MR], float("-inf"), tl.float32)
+    l = tl.zeros([MR], tl.float32)
+    acc = tl.zeros([MR, D], tl.float32)
+    if res_len > 0:  # the fp window, in fp32, 16 tokens at a time
+        for c in tl.static_range(G // 16):
+            r = c * 16 + tl.arange(0, 16)
+            ok = r < res_len
+            rbase = b * stride_r_b + h * stride_r_h + r[:, None] * stride_r_t + d[None, :]
+            k_res = tl.load(kr_ptr + rbase, mask=ok[:, None], other=0.0).to(DOT)
+            v_res = tl.load(vr_ptr + rbase, mask=ok[:, None], other=0.0).to(DOT)
+            qk = tl.dot(q, tl.trans(k_res)) * qk_scale
+            m, l, acc = _online_update(m, l, acc, qk, v_res, ok)
+    _store_partial(mid_o_ptr, b, h * GROUP + heads, split, stride_mo_b, stride_mo_h, stride_mo_s,
+                   acc / tl.where(l > 0.0, l, 1.0)[:, None], 0, heads < GROUP, D)
+    _store_lse(mid_lse_ptr, b, h * GROUP + heads, split, stride_ml_b, stride_ml_h, m, l, heads < GROUP)
+
+
+@triton.jit
+def _decode_split_kernel(
+    q_ptr, stride_qb, stride_qh,
+    kw_ptr, stride_kw_p, stride_kw_h, stride_kw_t,
+    ks_ptr, kz_ptr, stride_ks_p, stride_ks_h, stride_ks_g,
+    vw_ptr, stride_vw_p, stride_vw_h, stride_vw_t,
+    vs_ptr, vz_ptr, stride_vs_p, stride_vs_h, stride_vs_t,
+    kr_ptr, vr_ptr, stride_r_b, stride_r_h, stride_r_t,
+    bt_ptr, stride_bt_b, table_cols,
+    lens_ptr, cache_lens_ptr,
+    mid_o_ptr, mid_lse_ptr, stride_mo_b, stride_mo_h, stride_mo_s, stride_ml_b, stride_ml_h,
+    qk_scale, page_size, num_splits, tiles_per_split,
+    GROUP: tl.constexpr, QROWS: tl.constexpr, COLS: tl.constexpr, VCOLS: tl.constexpr, D: tl.constexpr,
+    G: tl.constexpr, BITS: tl.constexpr, CLASSES: tl.constexpr, SCALE_WORDS: tl.constexpr, BLOCK_T: tl.constexpr,
+    WARPS: tl.constexpr, INTERPRET: tl.constexpr,
+):
+    """Partial attention of one split of one (sequence, kv head).
+
+    q [B, Hq, D] fp16/bf16; k_words, v_words int32 [NP, H, P/BLOCK_T, W] (tiles, kernels.decode.layout);
+    k_scale/k_zero [NP, H, P/G, D]; v_scale/v_zero [NP, H, P, D/G]; k/v_residual [B, H, G, D];
+    block_table int32 [B, table_cols]; lens, cache_lens int32 [B] (attended length, cache length).
+    Writes mid_o fp32 [B, Hq, splits+1, D] (normalized) and mid_lse fp32 [B, Hq, splits+1]
+    (log2-sum-exp, -inf when the split is empty). Program ``splits`` attends the residual window.
+    GROUP = Hq / Hkv; QROWS = fold_rows(GROUP); COLS = mma_columns(GROUP); VCOLS = weight_columns(GROUP);
+    CLASSES = code_classes(BLOCK_T);
+    SCALE_WORDS = scale_words(view) (16-bit scales and zeros loaded as 32-bit words, _tile_params).
+    """
+    split = tl.program_id(0)
+    h = tl.program_id(1)
+    b = tl.program_id(2).to(tl.int64)
+    if split < num_splits:
+        _code_partial(
+            q_ptr, stride_qb, stride_qh, kw_ptr, stride_kw_p, stride_kw_h, stride_kw_t,
+            ks_ptr, kz_ptr, stride_ks_p, stride_ks_h, stride_ks_g, vw_ptr, stride_vw_p, stride_vw_h, stride_vw_t,
+            vs_ptr, vz_ptr, stride_vs_p, stride_vs_h, stride_vs_t, bt_ptr, stride_bt_b,
+            mid_o_ptr, mid_lse_ptr, stride_mo_b, stride_mo_h, stride_mo_s, stride_ml_b, stride_ml_h,
+            b, h, split, lens_ptr, cache_lens_ptr, qk_scale, page_size, tiles_per_split, table_cols,
+            GROUP, QROWS, COLS, VCOLS, D, G, BITS, CLASSES, SCALE_WORDS, BLOCK_T, WARPS, INTERPRET)
+    else:
+        length, code_len = _code_length(lens_ptr, cache_lens_ptr, b, G)
+        _residual_partial(
+            q_ptr, stride_qb, stride_qh, kr_ptr, vr_ptr, stride_r_b, stride_r_h, stride_r_t,
+            mid_o_ptr, mid_lse_ptr, stride_mo_b, stride_mo_h, stride_mo_s, stride_ml_b, stride_ml_h,
+            b, h, split, length - code_len, qk_scale, GROUP, COLS, D, G, INTERPRET)
+
+
+@triton.jit
+def _decode_merge_kernel(
+    mid_o_ptr, mid_lse_ptr, out_ptr,
+    stride_mo_b, stride_mo_h, stride_mo_s, stride_ml_b, stride_ml_h, stride_ob, stride_oh,
+    num_parts,
+    DM: tl.constexpr, PARTS: tl.constexpr,
+):
+    """out[b, h, c] = sum_s 2^(lse_s - max) o_s / sum_s 2^(lse_s - max) over the splits, for the
+    DM channels c of program (h, b, j): [j DM, (j+1) DM).
+
+    mid_o fp32 [B, Hq, parts, D], mid_lse fp32 [B, Hq, parts]; out [B, Hq, D] (q dtype).
+    """
+    h = tl.program_id(0)
+    b = tl.program_id(1).to(tl.int64)
+    s = tl.arange(0, PARTS)
+    d = tl.program_id(2) * DM + tl.arange(0, DM)
+    ok = s < num_parts
+    lse = tl.load(mid_lse_ptr + b * stride_ml_b + h * stride_ml_h + s, mask=ok, other=float("-inf"))
+    w = tl.exp2(lse - tl.max(lse, 0))
+    o = tl.load(mid_o_ptr + b * stride_mo_b + h * stride_mo_h + s[:, None] * stride_mo_s + d[None, :],
+                mask=ok[:, None], other=0.0)
+    out = tl.sum(w[:, None] * o, 0) / tl.sum(w, 0)
+    tl.store(out_ptr + b * stride_ob + h * stride_oh + d, out.to(out_ptr.dtype.element_ty))

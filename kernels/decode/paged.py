@@ -1,0 +1,269 @@
+"""The paged, decode-arranged cache the fused decode reads, and its bijection with the
+contiguous :class:`~kernels.kv_cache.QuantizedKV` (docs/design.md section 3).
+
+**Paged pool.** Fixed-size pages of ``page_size`` tokens (a multiple of the tile and
+of the group size G), shared by all sequences through a block table, as vLLM and
+FlashInfer do. With ``NP`` pages, H kv heads, head_dim D, P = page_size, tile t and
+W = t * D * bits / 32 words per tile::
+
+    k_words   int32 [NP, H, P/t, W]             K tiles [t tokens, D]
+    k_scale   sdt   [NP, H, P/G, D]             K per channel, groups of G tokens
+    k_zero    sdt   [NP, H, P/G, D]
+    v_words   int32 [NP, H, P/t, W]             V tiles [D, t tokens]
+    v_scale   sdt   [NP, H, P, D/G]             V per token, groups of G channels
+    v_zero    sdt   [NP, H, P, D/G]
+    k_residual, v_residual  dt [B, H, G, D]     the unquantized window, per sequence
+    block_table int32 [B, max_pages]            token t of sequence i: page
+                                                block_table[i, t // P], row t % P
+    seq_lens  int32 [B]
+
+A contiguous :class:`QuantizedKV` is the special case of one page per sequence
+(``page_size`` = the capacity, block table ``[[0], [1], ...]``); when the capacity
+is a multiple of the tile its scale tensors are used as they are, without a
+copy (:func:`decode_view`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from .._checks import require_int, require_tensor
+from ..kv_cache import CacheLengths, QuantizedKV
+from .layout import (
+    DECODE_BITS,
+    DECODE_HEAD_DIMS,
+    check_arrangement,
+    codes_from_words,
+    default_layout,
+    words_from_codes,
+)
+
+
+@dataclass
+class PagedQuantizedKV(CacheLengths):
+    """A paged, decode-arranged low-bit KV cache (layout in this module's docstring)."""
+
+    bits: int
+    group_size: int
+    page_size: int
+    tile: int
+    warps: int
+    k_words: torch.Tensor
+    k_scale: torch.Tensor
+    k_zero: torch.Tensor
+    v_words: torch.Tensor
+    v_scale: torch.Tensor
+    v_zero: torch.Tensor
+    k_residual: torch.Tensor
+    v_residual: torch.Tensor
+    block_table: torch.Tensor
+    seq_lens: torch.Tensor
+
+    @property
+    def batch(self) -> int:
+        return self.block_table.shape[0]
+
+    @property
+    def heads(self) -> int:
+        return self.k_words.shape[1]
+
+    @property
+    def num_pages(self) -> int:
+        return self.k_words.shape[0]
+
+    @property
+    def device(self) -> torch.device:
+        return self.k_words.device
+
+    def read_bytes(self, seq_lens: torch.Tensor | None = None) -> int:
+        """Fewest bytes a decode step must read from this cache: codes, scales and zeros of
+        every quantized token, and the used residual rows (q and the output excluded)."""
+        lens = self.seq_lens if seq_lens is None else seq_lens
+        qlen = torch.minimum(lens, self.quantized_lens()).to(torch.int64)
+        rlen = lens.to(torch.int64) - qlen
+        d, g, h = self.head_dim, self.group_size, self.heads
+        sdt = self.k_scale.element_size()
+        per_token = 2 * d * self.bits / 8 + 2 * sdt * (d / g) + 2 * sdt * (d / g)
+        residual = 2 * d * self.k_residual.element_size()
+        return int(h * (per_token * int(qlen.sum()) + residual * int(rlen.sum())))
+
+
+def _require_page_size(page_size: int, group_size: int, tile: int) -> None:
+    require_int("page_size", page_size)
+    unit = max(group_size, tile)
+    if page_size <= 0 or page_size % unit:
+        raise ValueError(
+            f"page_size must be a positive multiple of {unit} (the group size {group_size} and the "
+            f"{tile}-token tile); got {page_size}"
+        )
+
+
+def _require_cache(cache) -> None:
+    if not isinstance(cache, QuantizedKV):
+        raise TypeError(f"cache must be a QuantizedKV; got {type(cache).__name__}")
+    require_int("cache.bits", cache.bits, DECODE_BITS)
+    if cache.head_dim not in DECODE_HEAD_DIMS:
+        raise ValueError(f"cache.head_dim must be one of {DECODE_HEAD_DIMS} for the decode layout; "
+                         f"got {cache.head_dim}")
+
+
+def _layout_or_default(cache: QuantizedKV, tile: int | None, warps: int | None) -> tuple[int, int]:
+    """(tile, warps) as given, each one left out taken from default_layout."""
+    default_tile, default_warps = default_layout(cache.head_dim, cache.group_size)
+    return (default_tile if tile is None else tile), (default_warps if warps is None else warps)
+
+
+def _pad_rows(x: torch.Tensor, rows: int) -> torch.Tensor:
+    extra = rows - x.shape[2]
+    return torch.nn.functional.pad(x, (0, 0) * (x.dim() - 3) + (0, extra)) if extra else x
+
+
+def paged_from_contiguous(
+    cache: QuantizedKV,
+    page_size: int,
+    *,
+    num_pages: int | None = None,
+    generator: torch.Generator | None = None,
+    tile: int | None = None,
+    warps: int | None = None,
+) -> PagedQuantizedKV:
+    """Copy a contiguous cache into a page pool.
+
+    Each sequence gets ``ceil(capacity / page_size)`` pages (at least one). With a
+    ``generator`` the pages are scattered over the pool in a random order (as an
+    allocator that reuses freed pages leaves them); otherwise they are assigned in
+    order. ``num_pages`` (at least the pages needed) sizes the pool; unused pages hold
+    garbage (NaN scales, all-ones words) that a correct kernel never reads. ``tile`` and
+    ``warps`` choose the word arrangement (the kernel's tile and program size; default
+    :func:`default_layout`).
+    """
+    _require_cache(cache)
+    tile, warps = _layout_or_default(cache, tile, warps)
+    require_int("tile", tile)
+    require_int("warps", warps)
+    check_arrangement(cache.head_dim, tile, warps)
+    if tile > cache.group_size:
+        raise ValueError(f"tile ({tile}) must not exceed the group size ({cache.group_size})")
+    g = cache.group_size
+    _require_page_size(page_size, g, tile)
+    b, h = cache.batch, cache.heads
+    per_seq = max(1, -(-cache.capacity // page_size))
+    need = b * per_seq
+    if num_pages is None:
+        num_pages = need
+    require_int("num_pages", num_pages)
+    if num_pages < need:
+        raise ValueError(f"num_pages must be at least {need} (B={b} x {per_seq} pages); got {num_pages}")
+    dev = cache.device
+    order = torch.arange(num_pages) if generator is None else torch.randperm(num_pages, generator=generator)
+    block_table = order[:need].reshape(b, per_seq).to(torch.int32).to(dev)
+    rows = per_seq * page_size
+
+    def pages(x: torch.Tensor) -> torch.Tensor:
+        # [B, H, per_seq*r, ...] -> [B*per_seq, H, r, ...] in block-table order
+        x = x.reshape(b, h, per_seq, x.shape[2] // per_seq, *x.shape[3:]).transpose(1, 2)
+        return x.reshape(b * per_seq, h, *x.shape[3:])
+
+    def pool(src: torch.Tensor, fill) -> torch.Tensor:
+        out = torch.full((num_pages, *src.shape[1:]), fill, dtype=src.dtype, device=dev)
+        out[block_table.reshape(-1).long()] = src
+        return out
+
+    def words(codes: torch.Tensor, role: str) -> torch.Tensor:
+        return pool(pages(words_from_codes(_pad_rows(codes, rows), cache.bits, role, tile, warps)), -1)
+
+    nan = float("nan")
+    return PagedQuantizedKV(
+        bits=cache.bits,
+        group_size=g,
+        page_size=page_size,
+        tile=tile,
+        warps=warps,
+        k_words=words(cache.k_codes, "k"),
+        k_scale=pool(pages(_pad_rows(cache.k_scale, rows // g)), nan),
+        k_zero=pool(pages(_pad_rows(cache.k_zero, rows // g)), nan),
+        v_words=words(cache.v_codes, "v"),
+        v_scale=pool(pages(_pad_rows(cache.v_scale, rows)), nan),
+        v_zero=pool(pages(_pad_rows(cache.v_zero, rows)), nan),
+        k_residual=cache.k_residual.clone(),
+        v_residual=cache.v_residual.clone(),
+        block_table=block_table,
+        seq_lens=cache.seq_lens.clone(),
+    )
+
+
+def paged_to_contiguous(paged: PagedQuantizedKV) -> QuantizedKV:
+    """The inverse of :func:`paged_from_contiguous`: capacity = pages per sequence x page_size."""
+    if not isinstance(paged, PagedQuantizedKV):
+        raise TypeError(f"paged must be a PagedQuantizedKV; got {type(paged).__name__}")
+    b, per_seq = paged.block_table.shape
+    h, d = paged.heads, paged.head_dim
+    idx = paged.block_table.reshape(-1).long()
+
+    def gather(x: torch.Tensor) -> torch.Tensor:
+        # [NP, H, r, ...] -> [B, H, per_seq*r, ...]
+        y = x[idx].reshape(b, per_seq, h, *x.shape[2:]).transpose(1, 2)
+        return y.reshape(b, h, per_seq * x.shape[2], *x.shape[3:])
+
+    return QuantizedKV(
+        bits=paged.bits,
+        group_size=paged.group_size,
+        k_codes=codes_from_words(gather(paged.k_words), paged.bits, "k", d, paged.tile, paged.warps),
+        k_scale=gather(paged.k_scale),
+        k_zero=gather(paged.k_zero),
+        v_codes=codes_from_words(gather(paged.v_words), paged.bits, "v", d, paged.tile, paged.warps),
+        v_scale=gather(paged.v_scale),
+        v_zero=gather(paged.v_zero),
+        k_residual=paged.k_residual.clone(),
+        v_residual=paged.v_residual.clone(),
+        seq_lens=paged.seq_lens.clone(),
+    )
+
+
+# ----------------------------------------------------------------------------- decode view
+def decode_view(cache: QuantizedKV, *, tile: int | None = None, warps: int | None = None) -> PagedQuantizedKV:
+    """The decode arrangement of a contiguous cache: one page per sequence, made at this call.
+
+    ``tile``/``warps`` default to :func:`~kernels.decode.layout.default_layout` for the cache's
+    head_dim and group. The view holds its own arranged codes (a copy of the codes' size, O(S)
+    work); when the capacity is a multiple of the tile it shares the cache's scales and zeros,
+    and it always shares its residual window and ``seq_lens``. It does not follow later writes to
+    the cache's codes or scales: make it again after an append that completes a group. A cache
+    that grows token by token is a :class:`~kernels.decode.cache.PagedKVCache`, which is written
+    in this arrangement.
+    """
+    _require_cache(cache)
+    require_tensor("cache.k_codes", cache.k_codes)
+    tile, warps = _layout_or_default(cache, tile, warps)
+    check_arrangement(cache.head_dim, tile, warps)
+    if tile > cache.group_size:
+        raise ValueError(f"tile ({tile}) must not exceed the group size ({cache.group_size})")
+    return _arranged(cache, tile, warps)
+
+
+def _arranged(cache: QuantizedKV, tile: int, warps: int) -> PagedQuantizedKV:
+    """A new decode arrangement of a contiguous cache (decode_view): one page per sequence."""
+    b, cap = cache.batch, cache.capacity
+    if cap % tile or cap % cache.group_size or cap == 0:
+        page = max(-(-cap // tile) * tile, tile, cache.group_size)
+        page = -(-page // cache.group_size) * cache.group_size
+        return paged_from_contiguous(cache, page, tile=tile, warps=warps)
+    return PagedQuantizedKV(
+        bits=cache.bits,
+        group_size=cache.group_size,
+        page_size=cap,
+        tile=tile,
+        warps=warps,
+        k_words=words_from_codes(cache.k_codes, cache.bits, "k", tile, warps),
+        k_scale=cache.k_scale,
+        k_zero=cache.k_zero,
+        v_words=words_from_codes(cache.v_codes, cache.bits, "v", tile, warps),
+        v_scale=cache.v_scale,
+        v_zero=cache.v_zero,
+        k_residual=cache.k_residual,
+        v_residual=cache.v_residual,
+        block_table=torch.arange(b, dtype=torch.int32, device=cache.device).reshape(b, 1),
+        seq_lens=cache.seq_lens,
+    )
