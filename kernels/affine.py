@@ -311,19 +311,27 @@ def _store_codes(codes, base, q, mask, BITS: tl.constexpr):
 
 
 @triton.jit
+def _flagged(s, SCALE_MAX: tl.constexpr):
+    """1 where a scale is NaN or beyond the scale dtype's largest value, else 0 (int32)."""
+    return ((s != s) | (s > SCALE_MAX)).to(tl.int32)
+
+
+@triton.jit
 def _quantize_kernel(
-    src, codes, scale, zero,
+    src, codes, scale, zero, errors,
     heads, src_tokens, capacity, tok_offset,
     stride_b, stride_h, stride_t, stride_d,
     D: tl.constexpr, G: tl.constexpr, BITS: tl.constexpr, PER_CHANNEL: tl.constexpr,
-    SCALE_FP16: tl.constexpr, FLOOR: tl.constexpr, INTERPRET: tl.constexpr,
-    TOKENS: tl.constexpr, CHANNELS: tl.constexpr, EVEN_TOKENS: tl.constexpr,
+    SCALE_FP16: tl.constexpr, FLOOR: tl.constexpr, SCALE_MAX: tl.constexpr, FLAG_ERRORS: tl.constexpr,
+    INTERPRET: tl.constexpr, TOKENS: tl.constexpr, CHANNELS: tl.constexpr, EVEN_TOKENS: tl.constexpr,
 ):
     """Quantize one [TOKENS, CHANNELS] tile of K (PER_CHANNEL) or V into the cache.
 
     src:   fp16/bf16/fp32 [B, H, src_tokens, D] (any strides), src_tokens a multiple of G
     codes: uint8 [B, H, capacity, D*BITS/8]
     scale, zero: fp16/fp32, K: [B, H, capacity/G, D]; V: [B, H, capacity, D/G]
+    errors: int32 [1], set to 1 (FLAG_ERRORS) where a group's scale is NaN (NaN or Inf in the
+    group) or beyond SCALE_MAX (the scale dtype overflows); never cleared here
     Tile: K takes TOKENS == G tokens (one group per channel); V takes any power-of-two
     TOKENS (rows past src_tokens masked unless EVEN_TOKENS); CHANNELS divides D and is a
     multiple of G for V, of 32 for K. Source token t lands at cache token tok_offset + t
@@ -353,6 +361,7 @@ def _quantize_kernel(
         p_off = group_row * D + chan
         tl.store(scale + p_off, s.to(scale.dtype.element_ty))
         tl.store(zero + p_off, z.to(zero.dtype.element_ty))
+        bad = tl.sum(_flagged(s, SCALE_MAX), 0)
     else:
         NG: tl.constexpr = CHANNELS // G  # groups per row of the tile
         xg = tl.reshape(x_in, [TOKENS, NG, G])
@@ -363,6 +372,9 @@ def _quantize_kernel(
         p_off = dst_tok[:, None] * (D // G) + (pid_c * NG + tl.arange(0, NG))[None, :]
         tl.store(scale + p_off, s.to(scale.dtype.element_ty), mask=row_mask)
         tl.store(zero + p_off, z.to(zero.dtype.element_ty), mask=row_mask)
+        bad = tl.sum(tl.sum(_flagged(s, SCALE_MAX), 1), 0)  # masked rows are zeros: a finite scale
+    if FLAG_ERRORS:  # one read-back of a flag replaces a pass over the scales on the host's side
+        tl.atomic_or(errors, 1, mask=bad > 0)
     row_bytes: tl.constexpr = D * BITS // 8
     tile_bytes: tl.constexpr = CHANNELS * BITS // 8
     _store_codes(codes, dst_tok[:, None] * row_bytes + pid_c * tile_bytes, q, row_mask, BITS)
@@ -416,7 +428,11 @@ def check_tile(tile: QuantizeTile, group_size: int, per_channel: bool, head_dim:
         raise ValueError(f"tile.tokens must be at least 2; got {tokens}")
 
 
-def _launch_quantize(x, codes, scale, zero, tok_offset, group_size, bits, per_channel, tile=None) -> None:
+def _launch_quantize(x, codes, scale, zero, tok_offset, group_size, bits, per_channel, tile=None,
+                     errors=None) -> None:
+    """Quantize whole groups x [B, H, T, D] into codes, scale and zero at tok_offset (shapes:
+    _quantize_kernel); ``errors`` (int32 [1] on x's device, optional) is set to 1 for a
+    non-finite or overflowing scale."""
     b, h, t, d = x.shape
     if t % group_size:
         raise ValueError(f"x must hold whole groups of group_size={group_size} tokens; got {t}")
@@ -427,11 +443,12 @@ def _launch_quantize(x, codes, scale, zero, tok_offset, group_size, bits, per_ch
     grid = (triton.cdiv(t, tile.tokens), d // tile.channels, b * h)
     with on_device(x.device):
         _quantize_kernel[grid](
-            x, codes, scale, zero,
+            x, codes, scale, zero, codes if errors is None else errors,  # codes: a pointer left unread
             h, t, codes.shape[2], tok_offset,
             *x.stride(),
             D=d, G=group_size, BITS=bits, PER_CHANNEL=per_channel,
             SCALE_FP16=scale.dtype == torch.float16, FLOOR=SCALE_FLOOR[scale.dtype],
+            SCALE_MAX=torch.finfo(scale.dtype).max, FLAG_ERRORS=errors is not None,
             INTERPRET=triton_interpreted(), TOKENS=tile.tokens, CHANNELS=tile.channels,
             EVEN_TOKENS=t % tile.tokens == 0, num_warps=tile.warps,
             **({"maxnreg": tile.registers} if tile.registers else {}),
@@ -514,13 +531,14 @@ def _aot_specs() -> list[AotSpec]:
             name = f"quantize_{side}_{_dtype_name(dtype)}_b{bits}_g{group_size}_{_dtype_name(scale_dtype)}"
             stype = _TRITON_TYPES[scale_dtype]
             signature = {
-                "src": _TRITON_TYPES[dtype], "codes": "*u8", "scale": stype, "zero": stype,
+                "src": _TRITON_TYPES[dtype], "codes": "*u8", "scale": stype, "zero": stype, "errors": "*i32",
                 "heads": "i32", "src_tokens": "i32", "capacity": "i32", "tok_offset": "i32",
                 "stride_b": "i64", "stride_h": "i64", "stride_t": "i64",
             }
             constexprs = {
                 "stride_d": 1, "D": 128, "G": group_size, "BITS": bits, "PER_CHANNEL": per_channel,
                 "SCALE_FP16": scale_dtype == torch.float16, "FLOOR": SCALE_FLOOR[scale_dtype],
+                "SCALE_MAX": torch.finfo(scale_dtype).max, "FLAG_ERRORS": True,
                 "INTERPRET": False, "TOKENS": tile.tokens, "CHANNELS": tile.channels, "EVEN_TOKENS": True,
             }
             specs.append(AotSpec(name, _quantize_kernel, signature, constexprs, tile.warps,

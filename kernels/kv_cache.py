@@ -146,7 +146,8 @@ class QuantizedKV(CacheLengths):
         def tokens(per_token: int, *shape: int, dtype: torch.dtype) -> torch.Tensor:
             """[B, H, capacity / per_token, *shape], zero from token zero_from on."""
             x = torch.empty(batch, heads, capacity // per_token, *shape, dtype=dtype, **kw)
-            x[:, :, zero_from // per_token:].zero_()
+            if zero_from < capacity:  # a prompt that fills the capacity costs no call here
+                x[:, :, zero_from // per_token:].zero_()
             return x
 
         return cls(
@@ -294,22 +295,28 @@ def _check_seq_lens(seq_lens, batch: int, s: int) -> list[int]:
 
 
 # ----------------------------------------------------------------------------- public API
-def quantize_into(qkv: QuantizedKV, k: torch.Tensor, v: torch.Tensor, token_offset: int, backend: str,
-                  check: bool = True) -> None:
+def quantize_into(qkv: QuantizedKV, k: torch.Tensor, v: torch.Tensor, token_offset: int, backend: str) -> None:
     """Quantize whole groups k, v [B, H, T, D] (T a multiple of G) into ``qkv`` at ``token_offset``.
 
     Writes codes rows [token_offset, token_offset + T), K scale/zero groups
     [token_offset/G, (token_offset + T)/G) and V scale/zero rows likewise. Leaves
     ``seq_lens`` and the residual window alone. Raises ValueError (after writing)
-    when a group holds NaN/Inf or its scale overflows the scale dtype; ``check=False`` leaves
-    that to the caller (:func:`_all_finite` over the written scales).
+    when a group holds NaN/Inf or its scale overflows the scale dtype (one read-back of a flag).
     """
+    errors = torch.zeros(1, dtype=torch.int32, device=k.device)
+    _quantize_groups(qkv, k, v, token_offset, backend, errors)
+    if errors.item():
+        _check_written_scales(qkv, k, v, token_offset)
+        raise _flag_without_cause()
+
+
+def _quantize_groups(qkv: QuantizedKV, k, v, token_offset: int, backend: str, errors: torch.Tensor) -> None:
+    """quantize_into's writes, with nothing read back: ``errors`` (int32 [1]) becomes nonzero where a
+    group's scale is NaN or overflows the scale dtype."""
     g = qkv.group_size
     t = k.shape[2]
     if t == 0:
         return
-    k_scale = qkv.k_scale[:, :, token_offset // g:(token_offset + t) // g]
-    v_scale = qkv.v_scale[:, :, token_offset:token_offset + t]
     if backend == "triton":
         for name in ("k_codes", "k_scale", "k_zero", "v_codes", "v_scale", "v_zero"):
             if not getattr(qkv, name).is_contiguous():  # the kernel addresses them by their shapes
@@ -318,21 +325,31 @@ def quantize_into(qkv: QuantizedKV, k: torch.Tensor, v: torch.Tensor, token_offs
             (k, qkv.k_codes, qkv.k_scale, qkv.k_zero, True),
             (v, qkv.v_codes, qkv.v_scale, qkv.v_zero, False),
         ):
-            _launch_quantize(x, codes, scale, zero, token_offset, g, qkv.bits, per_channel)
-    else:
-        rows = slice(token_offset, token_offset + t)
-        groups = slice(token_offset // g, (token_offset + t) // g)
-        for x, codes, scale, zero, per_channel, sel in (
-            (k, qkv.k_codes, qkv.k_scale, qkv.k_zero, True, groups),
-            (v, qkv.v_codes, qkv.v_scale, qkv.v_zero, False, rows),
-        ):
-            c, s, z = _quantize_torch(x, qkv.bits, g, qkv.scale_dtype, per_channel)
-            codes[:, :, rows] = c
-            scale[:, :, sel] = s
-            zero[:, :, sel] = z
-    if check:
-        _check_scales("k", k, k_scale)
-        _check_scales("v", v, v_scale)
+            _launch_quantize(x, codes, scale, zero, token_offset, g, qkv.bits, per_channel, errors=errors)
+        return
+    rows = slice(token_offset, token_offset + t)
+    groups = slice(token_offset // g, (token_offset + t) // g)
+    for x, codes, scale, zero, per_channel, sel in (
+        (k, qkv.k_codes, qkv.k_scale, qkv.k_zero, True, groups),
+        (v, qkv.v_codes, qkv.v_scale, qkv.v_zero, False, rows),
+    ):
+        c, s, z = _quantize_torch(x, qkv.bits, g, qkv.scale_dtype, per_channel)
+        codes[:, :, rows] = c
+        scale[:, :, sel] = s
+        zero[:, :, sel] = z
+        errors.bitwise_or_((~torch.isfinite(s)).any().to(torch.int32))
+
+
+def _check_written_scales(qkv: QuantizedKV, k, v, token_offset: int) -> None:
+    """The ValueError for groups k, v written at token_offset whose scales are not finite (NaN/Inf
+    in the input, or a scale overflow): the slow path, once the flag said so."""
+    g, t = qkv.group_size, k.shape[2]
+    _check_scales("k", k, qkv.k_scale[:, :, token_offset // g:(token_offset + t) // g])
+    _check_scales("v", v, qkv.v_scale[:, :, token_offset:token_offset + t])
+
+
+def _flag_without_cause() -> RuntimeError:
+    return RuntimeError("quantization flagged a non-finite scale, but every scale written is finite")
 
 
 def quantize_kv(
@@ -381,29 +398,26 @@ def quantize_kv(
         batch, heads, d, bits=bits, group_size=group_size, capacity=capacity,
         dtype=k.dtype, scale_dtype=scale_dtype, device=k.device, zero_from=min(fulls, default=0),
     )
+    errors = torch.zeros(1, dtype=torch.int32, device=k.device)
     for sel, full in zip(rows, fulls, strict=True):
         n = lens[sel.start or 0] if lens else 0
-        quantize_into(qkv._rows(sel), k[sel, :, :full], v[sel, :, :full], 0, backend, check=False)
-        qkv.k_residual[sel, :, : n - full] = k[sel, :, full:n]
-        qkv.v_residual[sel, :, : n - full] = v[sel, :, full:n]
-    if not _all_finite([qkv.k_scale, qkv.v_scale, qkv.k_residual, qkv.v_residual]):  # one sync for all
-        for sel, full in zip(rows, fulls, strict=True):  # which one, as the checks of each part say it
+        _quantize_groups(qkv._rows(sel), k[sel, :, :full], v[sel, :, :full], 0, backend, errors)
+        if n > full:
+            for x, window in ((k, qkv.k_residual), (v, qkv.v_residual)):
+                window[sel, :, : n - full] = x[sel, :, full:n]
+                errors.bitwise_or_((~torch.isfinite(x[sel, :, full:n])).any().to(torch.int32))
+    if errors.item():  # the one read-back: which part and why, as each part's checks say it
+        for sel, full in zip(rows, fulls, strict=True):
             n = lens[sel.start or 0] if lens else 0
             require_finite("k", k[sel, :, full:n])
             require_finite("v", v[sel, :, full:n])
-            _check_scales("k", k[sel, :, :full], qkv.k_scale[sel, :, : full // group_size])
-            _check_scales("v", v[sel, :, :full], qkv.v_scale[sel, :, :full])
+            _check_written_scales(qkv._rows(sel), k[sel, :, :full], v[sel, :, :full], 0)
+        raise _flag_without_cause()
     if len(set(lens)) == 1:
         qkv.seq_lens.fill_(lens[0])  # no host-to-device copy
     else:
         qkv.seq_lens.copy_(torch.tensor(lens, dtype=torch.int32))
     return qkv
-
-
-def _all_finite(tensors: list[torch.Tensor]) -> bool:
-    """Whether every element of every tensor is finite, read back to the host once."""
-    flags = [torch.isfinite(t).all() for t in tensors if t.numel()]
-    return bool(torch.stack(flags).all()) if flags else True
 
 
 def _dequantize_side(codes, scale, zero, bits, group_size, n_tokens, per_channel):

@@ -85,7 +85,9 @@ def test_every_byte_state_unpacks_and_packs_back(record, device, backend, layout
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="device timing needs a CUDA GPU")
 @pytest.mark.parametrize(("device", "backend"), [p for p in device_backend_params(3) if p.values[0] == "cuda"])
 def test_exhaustive_round_trip_time_on_gpu(record, device, backend):
-    """Time the whole exhaustive check on the GPU: generate, pack, unpack, compare (median)."""
+    """Time the whole exhaustive check on the GPU: generate, pack, unpack, compare (median). A figure
+    beside the origin document's, not a benchmark: the suites share the GPU between workers, so it
+    is recorded as ``round_trip_ms``, which no regression check reads as a kernel time."""
     from harness.measure.timing import median_ms
 
     record.backend, record.device, record.variant = backend, device, "byte"
@@ -97,6 +99,6 @@ def test_exhaustive_round_trip_time_on_gpu(record, device, backend):
 
     mismatches = int(check())
     ms = median_ms(check)
-    record.add(states_checked=STATES, bit_errors=mismatches, ms=ms, seed_ms_rtx3060=1982.2,
-               speedup={"seed_rtx3060": 1982.2 / ms})
+    record.add(states_checked=STATES, bit_errors=mismatches, round_trip_ms=ms, origin_ms_rtx3060=1982.2,
+               speedup={"origin_rtx3060": 1982.2 / ms})
     assert mismatches == 0

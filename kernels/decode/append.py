@@ -34,7 +34,7 @@ import triton.language as tl
 from torch.autograd.graph import increment_version
 
 from .._runtime import on_device, triton_interpreted
-from ..affine import SCALE_FLOOR, _affine_params_tl, _codes, _group_range, _quantize_torch
+from ..affine import SCALE_FLOOR, _affine_params_tl, _codes, _flagged, _group_range, _quantize_torch
 from ..aot import AotSpec
 from .direct_launch import Launch, specialization
 from .layout import _pack_plan, pack_tile, tile_shape
@@ -85,12 +85,6 @@ def _tile_words(words_ptr, table_ptr, flat, tile_base, first, NW: tl.constexpr, 
         code = tl.reshape(tl.gather(flat, index, 0), [WORDS, 32])
         picked = ((code >> (entry & 7).to(tl.uint32)) & 1) << j[None, :].to(tl.uint32)
         tl.store(words_ptr + w, tl.sum(picked, 1).to(tl.int32, bitcast=True))
-
-
-@triton.jit
-def _flagged(s, SCALE_MAX: tl.constexpr):
-    """1 where a scale is NaN or beyond the scale dtype's largest value, else 0 (int32)."""
-    return ((s != s) | (s > SCALE_MAX)).to(tl.int32)
 
 
 @triton.jit
