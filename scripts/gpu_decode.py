@@ -45,7 +45,7 @@ def correctness() -> list[dict]:
 
     rows = []
     cases = [  # name, B, Hq, Hkv, S, D, bits, G, dtype
-        ("seed B*H=8 S=256 D=64", 2, 4, 4, 256, 64, 3, 64, torch.float16),
+        ("B*H=8 S=256 D=64", 2, 4, 4, 256, 64, 3, 64, torch.float16),
         ("GQA8 S=1000 D=128", 1, 8, 1, 1000, 128, 3, 64, torch.float16),
         ("GQA4 bf16 S=777 D=128", 2, 8, 2, 777, 128, 3, 64, torch.bfloat16),
         ("bits=2 S=300 D=128", 1, 2, 2, 300, 128, 2, 64, torch.float16),

@@ -1,6 +1,6 @@
 """Markdown tables from an INT8 benchmark run (suites/test_bench_int8.py records).
 
-    python scripts/int8_table.py reports/runs/<run>/records.jsonl > reports/baselines/int8_<gpu>.md
+    python scripts/int8_table.py reports/runs/<run>/records.jsonl > int8_table.md
 
 First the summary in the form of GPU-Accelerated KV Cache Quantization's results table (best
 variant per shape and its speedups, the shapes named as there), then every variant, then the

@@ -1,4 +1,4 @@
-"""INT8 seed tests, categories 1-3: allocation, data helpers, metric identity.
+"""INT8 tests of *GPU-Accelerated KV Cache Quantization*, categories 1-3: allocation, data helpers, metric identity.
 
 Names from that document: test_create_fp32, test_create_int8 (here: the float32 and int8 outputs of every
 variant, allocated or passed in poisoned, come back with the right shape, dtype and device, every

@@ -1,6 +1,6 @@
-"""INT8 seed tests, categories 5-9: kernel correctness, edge cases, patterns, consistency, stress.
+"""INT8 tests of *GPU-Accelerated KV Cache Quantization*, categories 5-9: kernel correctness, edge cases, patterns, consistency, stress.
 
-Seed names and where they live here (each parametrized over every variant of the device):
+Their names there and where they live here (each parametrized over every variant of the device):
   test_gpu_naive / _tiled / _coarsened / _vectorized -> test_gpu_correctness[device-variant-shape]
   test_1x1_cpu, test_1x1_gpu_naive                   -> test_1x1[device-variant]
   test_1x4_gpu_vec                                   -> test_1x4[device-variant]
