@@ -174,8 +174,16 @@ def bench(session: nox.Session) -> None:
 
 
 @nox.session(default=False)
+def ab(session: nox.Session) -> None:
+    """Same-job A/B: benchmarks of BASE and this tree in turns on one GPU (-- BASE [pytest args])."""
+    torch = os.environ.get("KVH_TORCH", CPU_TORCH)
+    _install_stack(session, torch, os.environ.get("KVH_TRITON"))
+    session.run(_python(session), "-m", "harness.run.ab", *session.posargs, external=_installed(session))
+
+
+@nox.session(default=False)
 def report(session: nox.Session) -> None:
-    """Re-render reports/report.html, junit.xml and summary.md from recorded runs (posargs: run dirs)."""
+    """Re-render reports/all-report.html, all-junit.xml and all-summary.md from recorded runs (posargs: run dirs)."""
     if not _installed(session):
         session.install(*REPORT_DEPS)
     _pipeline(session, "report", *session.posargs)

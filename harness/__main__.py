@@ -1,9 +1,16 @@
 """``python -m harness report RESULTS... [-o reports/report.html] [--baseline PATH] [--junit PATH]
-[--summary-md PATH] [--write-baseline PATH]`` and ``python -m harness summarize RESULTS...``."""
+[--summary-md PATH] [--write-baseline PATH]``, ``python -m harness summarize RESULTS...``,
+``python -m harness suspects RESULTS... --baseline PATH`` (the kernel cases slower than the baseline
+beyond threshold and noise, which the pipeline times once more) and
+``python -m harness ab [BASE] [options] [pytest args]`` (a same-job A/B, harness/run/ab.py)."""
 
 import sys
 
-from .report.cli import main
-
 if __name__ == "__main__":
+    if sys.argv[1:2] == ["ab"]:
+        from .run.ab import main as ab_main
+
+        sys.exit(ab_main(sys.argv[2:]))
+    from .report.cli import main
+
     sys.exit(main())

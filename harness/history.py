@@ -18,14 +18,26 @@ from __future__ import annotations
 import argparse
 import csv
 import json
+import math
 import os
 import sqlite3
+import statistics
 import sys
+from collections import Counter
 from collections.abc import Iterable, Sequence
 from contextlib import closing
 from pathlib import Path
 
-from .records import MANIFEST_FILE, RECORDS_FILE, read_manifest, read_records
+from .records import (
+    BASELINE_FORMAT,
+    CONFIRM_SUFFIX,
+    MANIFEST_FILE,
+    OUTCOME_SEVERITY,
+    RECORDS_FILE,
+    read_manifest,
+    read_records,
+    utc_now,
+)
 
 DEFAULT_PATH = Path("~/.cache/kvbits/history.sqlite")
 BUSY_TIMEOUT_S = 30.0
@@ -79,14 +91,19 @@ def _explain(path: Path, exc: BaseException) -> str:
     return f"history {path}: {type(exc).__name__}: {text}"
 
 
+def run_key(manifest: dict, run_dir: Path) -> str:
+    """The id a run directory has in the history: the manifest's run id and start time together,
+    since a pipeline reuses one run directory (and run id) per kind and leg for every run."""
+    return f"{manifest.get('run_id') or run_dir.name}@{manifest.get('started') or '-'}"
+
+
 def _run_row(run_dir: Path) -> tuple:
-    """A run's row: its id is the manifest's run id and start time together, since a pipeline
-    reuses one run directory (and run id) per kind and leg for every run."""
+    """A run's row, keyed by :func:`run_key`."""
     manifest = read_manifest(run_dir)
     if not isinstance(manifest, dict):
         manifest = {}
     env = manifest.get("env") if isinstance(manifest.get("env"), dict) else {}
-    run_id = f"{manifest.get('run_id') or run_dir.name}@{manifest.get('started') or '-'}"
+    run_id = run_key(manifest, run_dir)
     return (run_id, manifest.get("leg"), manifest.get("mode"), env.get("gpu"), env.get("commit"),
             env.get("torch"), env.get("triton"), manifest.get("started"), manifest.get("finished"),
             int(bool(manifest.get("complete"))))
@@ -167,6 +184,169 @@ def rolling_values(nodeid: str, metric: str, *, leg: str, gpu: str | None, last:
     values = [c["metrics"].get(metric) for c in cases(path, nodeid=nodeid, leg=leg, gpu=gpu)
               if c["outcome"] == "passed"]
     return [float(v) for v in values if isinstance(v, (int, float)) and not isinstance(v, bool)][-last:]
+
+
+def _connect_read_only(path: Path, timeout_s: float) -> sqlite3.Connection:
+    """A connection that only reads: a missing file is an error, never created."""
+    if not path.is_file():
+        raise HistoryError(f"history {path}: no such file")
+    try:
+        return sqlite3.connect(f"{path.resolve().as_uri()}?mode=ro", uri=True, timeout=timeout_s)
+    except (sqlite3.Error, OSError) as exc:
+        raise HistoryError(_explain(path, exc)) from exc
+
+
+def _metric_of(metrics: str | None, metric: str) -> float | None:
+    """A number from a case's metrics column; None when absent, not a number or unreadable."""
+    try:
+        value = json.loads(metrics or "{}").get(metric)
+    except (ValueError, AttributeError):
+        return None
+    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+
+
+def _newest_runs(db: sqlite3.Connection, leg: str, gpu: str | None, last: int,
+                 nodeids: list[str] | None) -> list[tuple]:
+    """(run_id, commit, started) of the newest ``last`` runs of a leg and GPU, oldest first; with
+    ``nodeids``, only the runs that ran one of them."""
+    ran_one = ("" if nodeids is None else " AND EXISTS (SELECT 1 FROM cases c WHERE c.run_id = runs.run_id "
+               f"AND c.nodeid IN ({', '.join('?' * len(nodeids))}))")
+    rows = db.execute(f"SELECT run_id, commit_sha, started FROM runs WHERE leg = ? AND gpu IS ?{ran_one} "
+                      "AND run_id NOT LIKE ? AND run_id NOT LIKE ? ORDER BY started DESC, run_id DESC LIMIT ?",
+                      (leg, gpu, *(nodeids or ()), CONFIRM_RUN, AB_RUN, max(0, last)))
+    return list(reversed(rows.fetchall()))
+
+
+def case_series(metric: str, *, leg: str, gpu: str | None, last: int, nodeids: Iterable[str] | None = None,
+                path: Path | None = None, timeout_s: float = BUSY_TIMEOUT_S
+                ) -> tuple[list[dict], dict[tuple[str, str | None], list[float | None]]]:
+    """``metric`` of each case over the newest ``last`` runs of one leg and GPU, oldest first: the
+    runs (run_id, commit, started) and, per (nodeid, variant), one value per run, None where the
+    case did not pass or lacks the metric. ``nodeids``: only these cases, and only the runs that
+    ran one of them (a pipeline's suites and benchmarks go in as two runs). Reads only; a missing,
+    locked (past ``timeout_s``) or unreadable database raises :class:`HistoryError`."""
+    path = history_path() if path is None else Path(path)
+    wanted = None if nodeids is None else sorted(set(nodeids))
+    with closing(_connect_read_only(path, timeout_s)) as db:
+        try:
+            runs_rows = _newest_runs(db, leg, gpu, last, wanted)
+            ids = [row[0] for row in runs_rows]
+            case_rows = db.execute(f"SELECT run_id, nodeid, variant, outcome, metrics FROM cases WHERE run_id IN "
+                                   f"({', '.join('?' * len(ids))}) ORDER BY rowid", ids).fetchall()
+        except sqlite3.Error as exc:
+            raise HistoryError(_explain(path, exc)) from exc
+    column = {run_id: i for i, run_id in enumerate(ids)}
+    series: dict[tuple[str, str | None], list[float | None]] = {}
+    for run_id, nodeid, variant, outcome, metrics in case_rows:
+        if wanted is None or nodeid in wanted:
+            values = series.setdefault((nodeid, variant), [None] * len(ids))
+            if outcome == "passed":
+                values[column[run_id]] = _metric_of(metrics, metric)
+    return [{"run_id": r, "commit": c, "started": s} for r, c, s in runs_rows], series
+
+
+ROLLING_TIMINGS = ("ms", "gbps", "pct_of_peak")  # medians over the runs in a rolling baseline
+ROLLING_ERRORS = ("max_abs_err", "max_rel_err", "bit_errors")  # worst over the runs
+CONFIRM_RUN = f"%{CONFIRM_SUFFIX}@%"  # run ids of confirmation re-runs (leg@<run dir>-confirm@started)
+AB_RUN = "%@ab-%"  # run ids of A/B rounds (leg@ab-base-3@started, harness/run/ab.py): two commits, no trend
+
+
+def _number(value) -> float | None:
+    """A metric as a float (numbers, and the strings non-finite ones are written as), else None."""
+    if isinstance(value, bool) or not isinstance(value, (int, float, str)):
+        return None
+    try:
+        return float(value)
+    except ValueError:
+        return None
+
+
+def _case_identity(suite: str, nodeid: str) -> tuple[str, str]:
+    """(``group/suite``, case id) of a stored case, as the recording plugin derives them from its
+    node id: the group is the node id's first folder, the case what follows ``::``."""
+    parts = Path(nodeid.split("::", 1)[0]).parts
+    group = parts[0] if len(parts) > 1 else ""
+    return (f"{group}/{suite}" if group else suite), (nodeid.split("::", 1)[1] if "::" in nodeid else nodeid)
+
+
+def _spread_across(values: list[float]) -> dict:
+    """How a case's per-run medians spread: how many, the fastest, interquartile range, MAD."""
+    median = statistics.median(values)
+    q1, _, q3 = statistics.quantiles(values, n=4, method="inclusive") if len(values) > 1 else (values[0],) * 3
+    return {"ms_n": len(values), "ms_min": min(values), "ms_iqr": q3 - q1,
+            "ms_mad": statistics.median(abs(v - median) for v in values), "spread": "runs"}
+
+
+def _severity(outcome: str) -> int:
+    """How bad an outcome is (an unknown one counts as the worst)."""
+    return OUTCOME_SEVERITY.index(outcome) if outcome in OUTCOME_SEVERITY else len(OUTCOME_SEVERITY)
+
+
+def _worst(values: list[float]) -> float | str:
+    worst = max(values, key=lambda v: (math.isnan(v), v))
+    return worst if math.isfinite(worst) else str(worst)
+
+
+def _rolling_entry(rows: list[tuple], leg: str, env: str) -> dict:
+    """One case's baseline entry from its newest runs' rows (suite, nodeid, backend, variant,
+    outcome, metrics), newest first: medians of the passed runs' figures, the spread of their ms
+    across the runs, the worst outcome and errors."""
+    suite, nodeid, backend, variant = rows[0][:4]
+    group_suite, case = _case_identity(suite, nodeid)
+    entry = {"suite": group_suite, "case": case, "backend": backend, "variant": variant, "env": env, "legs": [leg],
+             "outcome": max((row[4] for row in rows), key=_severity)}
+    passed = [json.loads(row[5] or "{}") for row in rows if row[4] == "passed"]
+    for name in ROLLING_TIMINGS:
+        values = [v for v in (_number(m.get(name)) for m in passed) if v is not None and math.isfinite(v) and v > 0]
+        if values:
+            entry[name] = statistics.median(values)
+            if name == "ms":
+                entry.update(_spread_across(values))
+    for name in ROLLING_ERRORS:
+        values = [v for v in (_number(m.get(name)) for m in passed) if v is not None]
+        if values:
+            entry[name] = _worst(values)
+    bounds = Counter(m.get("bound") for m in passed if isinstance(m.get("bound"), str))
+    if bounds:
+        entry["bound"] = bounds.most_common(1)[0][0]
+    return entry
+
+
+def rolling_baseline(leg: str, gpu: str | None, *, last: int = 5, path: Path | None = None,
+                     timeout_s: float = BUSY_TIMEOUT_S) -> dict:
+    """A baseline (the dict ``harness.report.baseline.compare`` takes) from the run history: each
+    case as it ran in the newest ``last`` complete runs of ``leg`` on ``gpu`` that ran it (a
+    pipeline's suites and benchmarks go in as separate runs; confirmation re-runs are left out):
+    the median of its per-run medians as ``ms``, their spread across the runs as its noise
+    (``ms_n`` runs, ``ms_min``, ``ms_iqr``, ``ms_mad``, ``spread: "runs"``), the worst outcome and
+    errors. Reads only; HistoryError as for :func:`case_series`."""
+    if last < 1:
+        raise ValueError(f"last must be at least 1; got {last}")
+    path = history_path() if path is None else Path(path)
+    query = ("SELECT c.suite, c.nodeid, c.backend, c.variant, c.outcome, c.metrics, r.run_id, r.mode, r.commit_sha "
+             "FROM cases c JOIN runs r ON r.run_id = c.run_id WHERE r.leg = ? AND r.gpu IS ? AND r.complete = 1 "
+             "AND r.run_id NOT LIKE ? AND r.run_id NOT LIKE ? ORDER BY r.started DESC, r.run_id DESC, c.rowid")
+    with closing(_connect_read_only(path, timeout_s)) as db:
+        try:
+            rows = db.execute(query, (leg, gpu, CONFIRM_RUN, AB_RUN)).fetchall()
+        except sqlite3.Error as exc:
+            raise HistoryError(_explain(path, exc)) from exc
+    per_case: dict[str, dict[str, tuple]] = {}  # key -> run id -> its (first) row, newest run first
+    for row in rows:
+        key = "::".join((*_case_identity(row[0], row[1]), row[2] or "-", row[3] or "-"))
+        runs_of_case = per_case.setdefault(key, {})
+        if len(runs_of_case) < last or row[6] in runs_of_case:
+            runs_of_case.setdefault(row[6], row)
+    env = f"{rows[0][7] or 'gpu'}/{gpu or 'cpu'}" if rows else f"gpu/{gpu or 'cpu'}"
+    used = sorted({run_id for runs_of_case in per_case.values() for run_id in runs_of_case})
+    commits = sorted({row[8] for row in rows if row[6] in used and row[8]})
+    return {
+        "format": BASELINE_FORMAT, "version": 1, "created": utc_now(),
+        "source": {"legs": [leg], "environments": [env], "commits": commits, "hosts": [], "runs": used,
+                   "rolling": last, "history": str(path)},
+        "cases": {key: _rolling_entry(list(runs_of_case.values()), leg, env)
+                  for key, runs_of_case in sorted(per_case.items())},
+    }
 
 
 def prune(keep: int, path: Path | None = None) -> int:

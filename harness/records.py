@@ -30,6 +30,10 @@ OUTCOMES = ("passed", "failed", "error", "skipped", "crashed", "timeout")
 RECORDS_FILE = "records.jsonl"
 MANIFEST_FILE = "manifest.json"
 BASELINE_FORMAT = "kvh-baseline"  # the "format" of a baseline file (harness/report/baseline.py)
+OUTCOME_SEVERITY = ("skipped", "passed", "failed", "error", "timeout", "crashed")  # least to most severe
+# A run directory named ``<run>-confirm`` holds the confirmation re-run of ``<run>``'s suspected
+# slowdowns (harness/run/pipeline.py): the report weighs it against them, never shows it as a leg.
+CONFIRM_SUFFIX = "-confirm"
 # The pytest ``user_properties`` key under which a test's record payload travels to the process
 # that writes it (harness/plugin.py; harness/run/gpu_workers.py tags it with the GPU).
 PROPERTY = "kvh_record"
@@ -40,7 +44,18 @@ STANDARD_METRICS = {
     "bit_errors": "bits (or codes) that differ from the reference",
     "max_abs_err": "largest |out - ref|",
     "max_rel_err": "largest |out - ref| / |ref| (or relative norm error)",
+    "tolerance": "the largest max_abs_err the case accepts (the limit its assertion checks)",
+    "err_to_tol": "largest |out - ref| over the error that element may have, for bounds that vary by element "
+                  "(the affine s/2); at most 1 passes",
     "ms": "median kernel time in milliseconds",
+    "ms_n": "how many repeats the ms is the median of (for a rolling baseline: how many runs)",
+    "ms_min": "the fastest repeat in ms",
+    "ms_iqr": "interquartile range of the repeats in ms",
+    "ms_mad": "median absolute deviation of the repeats from ms, in ms",
+    "bound": "what the figure is bound by: 'device', 'host' (issuing the call costs the host at least "
+             "about the device's time) or 'cpu' (timed on the CPU alone)",
+    "host_ms": "the host's time to issue one call (back-to-back calls, no synchronization)",
+    "busy_ms": "the device's busy time in one call (the profiler's kernel, copy and fill durations)",
     "gbps": "achieved bandwidth in GB/s over the fewest bytes the operation must move",
     "pct_of_peak": "gbps as a percentage of the copy bandwidth measured in the same run",
     "speedup": "mapping baseline name -> baseline_ms / ms",

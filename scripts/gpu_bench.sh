@@ -21,6 +21,6 @@ timeout -s INT "$limit" python3 -m nox --no-venv -s bench -- --reports-dir "$wor
 echo "[bench] exit $?"
 records=$(ls "$work"/reports/runs/*/records.jsonl 2>/dev/null | head -1)
 [ -n "$records" ] && python3 scripts/int8_table.py "$records" >"$final/int8_table.md"
-cp "$work/reports/summary.md" "$final/summary.md" 2>/dev/null
+cp "$work/reports/bench-summary.md" "$final/summary.md" 2>/dev/null
 tar czf "$final/bench.tgz" -C "$work" --exclude ext reports
 grep -E "^\[kvh\]|passed|failed" "$final/bench.log" | tail -12

@@ -10,25 +10,36 @@ device-side length, so a graph of it attends a fixed length).
 
 from __future__ import annotations
 
+import statistics
 import time
 
 import torch
 import torch.nn.functional as F
 
+from harness.measure.timing import Timing
 from kernels.decode import PagedKVCache
 
 PAGE = 256  # tokens per page of the benchmarks' pools
 SOURCES = 8  # distinct token and query tensors a timed loop cycles through
+ISSUE_STEPS = 32  # steps whose host time gives the issue cost: too few to fill the launch queue
 
 
 def percentiles(ms: list[float]) -> dict:
-    """median, p99, max and mean of per-step times (nearest rank)."""
+    """median, p99, max and mean of per-step times (nearest rank), and their spread: the fastest,
+    the interquartile range and the median absolute deviation (harness.measure.timing.Timing)."""
     xs = sorted(ms)
 
     def pick(p: float) -> float:
         return xs[min(len(xs) - 1, int(round(p * (len(xs) - 1))))]
 
-    return {"median": pick(0.5), "p99": pick(0.99), "max": xs[-1], "mean": sum(xs) / len(xs), "n": len(xs)}
+    spread = Timing.of(xs)
+    return {"median": pick(0.5), "p99": pick(0.99), "max": xs[-1], "mean": sum(xs) / len(xs), "n": len(xs),
+            "min": spread.min, "iqr": spread.iqr, "mad": spread.mad}
+
+
+def spread_metrics(steps: dict) -> dict:
+    """The spread of per-step times (a :func:`percentiles` dict) as record metrics beside ``ms``."""
+    return {"ms_n": steps["n"], "ms_min": steps["min"], "ms_iqr": steps["iqr"], "ms_mad": steps["mad"]}
 
 
 def prompt_cache(batch: int, heads: int, seq: int, dim: int, *, extra: int, device, bits: int = 3,
@@ -58,23 +69,33 @@ def step_inputs(batch: int, q_heads: int, kv_heads: int, dim: int, device, *, se
 def timed_steps(step, n: int) -> tuple[list[float], float]:
     """(per-step ms, wall ms per step) of ``n`` calls step(i): CUDA events between steps on a GPU
     (host gaps included where the host is slower), the wall clock on CPU."""
+    per, wall, _ = timed_steps_issued(step, n)
+    return per, wall
+
+
+def timed_steps_issued(step, n: int) -> tuple[list[float], float, float]:
+    """:func:`timed_steps` and the host's time to issue one step: the wall clock over the first
+    ISSUE_STEPS steps, issued back to back before any synchronization (on CPU, the wall ms per step)."""
     if not torch.cuda.is_available():
         per = []
         for i in range(n):
             t0 = time.perf_counter()
             step(i)
             per.append((time.perf_counter() - t0) * 1e3)
-        return per, sum(per) / n
+        return per, sum(per) / n, sum(per) / n
     events = [torch.cuda.Event(enable_timing=True) for _ in range(n + 1)]
+    issued_after = min(n, ISSUE_STEPS)
     torch.cuda.synchronize()
     t0 = time.perf_counter()
     events[0].record()
     for i in range(n):
         step(i)
         events[i + 1].record()
+        if i + 1 == issued_after:
+            issue = (time.perf_counter() - t0) * 1e3 / issued_after
     torch.cuda.synchronize()
     wall = (time.perf_counter() - t0) * 1e3 / n
-    return [events[i].elapsed_time(events[i + 1]) for i in range(n)], wall
+    return [events[i].elapsed_time(events[i + 1]) for i in range(n)], wall, issue
 
 
 def _captured(fn) -> torch.cuda.CUDAGraph:
@@ -91,8 +112,9 @@ def _captured(fn) -> torch.cuda.CUDAGraph:
 
 
 def kvbits_steps(cache: PagedKVCache, toks, qs, steps: int) -> dict:
-    """Eager steps, then (on a GPU) steps replayed from one captured step: per-step percentiles and
-    wall ms per step of each; the cache grows by 2 * steps + 2 tokens."""
+    """Eager steps, then (on a GPU) steps replayed from one captured step: per-step percentiles,
+    wall ms per step and the host's ms to issue one step of each; the cache grows by 2 * steps + 2
+    tokens."""
     cache.reserve(steps + 1)
 
     def eager(i):
@@ -100,8 +122,8 @@ def kvbits_steps(cache: PagedKVCache, toks, qs, steps: int) -> dict:
         cache.attend(qs[i % SOURCES])
 
     eager(0)
-    per, wall = timed_steps(eager, steps)
-    figures = {"eager": {**percentiles(per), "wall": wall}}
+    per, wall, issue = timed_steps_issued(eager, steps)
+    figures = {"eager": {**percentiles(per), "wall": wall, "issue": issue}}
     if not torch.cuda.is_available():
         return figures
     kb, vb, qb = toks[0].clone(), toks[1].clone(), qs[0].clone()
@@ -113,9 +135,9 @@ def kvbits_steps(cache: PagedKVCache, toks, qs, steps: int) -> dict:
         cache.attend(qb, out=ob)
 
     graph = _captured(step)
-    per, wall = timed_steps(lambda i: graph.replay(), steps)
+    per, wall, issue = timed_steps_issued(lambda i: graph.replay(), steps)
     cache.advance(steps)
-    figures["graph"] = {**percentiles(per), "wall": wall}
+    figures["graph"] = {**percentiles(per), "wall": wall, "issue": issue}
     figures["out"] = ob
     return figures
 
@@ -167,8 +189,8 @@ def serving_batch(steps: int, *, sequences: int, prompts: tuple[int, int], new_t
     """A serving batch: ``sequences`` live sequences with prompts of ``prompts`` tokens (a range),
     each finishing after ``new_tokens`` new ones (a range) and replaced by a new sequence with a
     fresh prompt, one eager step (append + attend, a new plan when the batch changes) at a time.
-    Returns decode tokens per second, per-step percentiles (wall clock, synchronized), prefill
-    seconds and the pool's bytes."""
+    Returns decode tokens per second, per-step percentiles (wall clock, synchronized), the median
+    host time to issue a step (before its synchronization), prefill seconds and the pool's bytes."""
     import random
 
     rnd = random.Random(seed)
@@ -200,15 +222,17 @@ def serving_batch(steps: int, *, sequences: int, prompts: tuple[int, int], new_t
         join()
     tok = torch.randn(sequences, kv_heads, dim, generator=gen, device=device, dtype=torch.float16)
     q = torch.randn(sequences, q_heads, dim, generator=gen, device=device, dtype=torch.float16)
-    per_step, generated = [], 0
+    per_step, issue, generated = [], [], 0
     for _ in range(steps):
         n = len(cache.sequences)
         sync()
         t0 = time.perf_counter()
         cache.append(tok[:n], tok[:n])
         cache.attend(q[:n])
+        issued = time.perf_counter()
         sync()
         per_step.append((time.perf_counter() - t0) * 1e3)
+        issue.append((issued - t0) * 1e3)
         generated += n
         for sid in cache.sequences:
             left[sid] -= 1
@@ -218,7 +242,8 @@ def serving_batch(steps: int, *, sequences: int, prompts: tuple[int, int], new_t
                 join()
     cache.check_errors()
     return {"tokens_per_s": generated / (sum(per_step) / 1e3), "step_ms": percentiles(per_step),
-            "prefill_s": prefill, "nbytes": cache.nbytes(), "lengths": cache.lengths()}
+            "issue_ms": statistics.median(issue), "prefill_s": prefill, "nbytes": cache.nbytes(),
+            "lengths": cache.lengths()}
 
 
 def fp16_batch(steps: int, *, sequences: int, prompts: tuple[int, int], q_heads: int, kv_heads: int, dim: int,

@@ -162,6 +162,10 @@ def compare_to_oracle(record, x: torch.Tensor, q, scales, x_hat) -> None:
     recon_errors = int((xh_np.view(np.uint32) != x_hat_ref.view(np.uint32)).sum())
     xf = x.detach().cpu().double()
     err = (xf - x_hat.cpu().double()).abs()
+    # |x - x_hat| <= s/2 per column, plus the float32 roundings of 1/s, x * inv and q * s
+    # (each relative 2**-24 on values up to 127 s); a zero-scale column holds only |x| < 2**-64.
+    s64 = torch.from_numpy(s_ref.astype(np.float64))
+    bound = torch.where(s64 == 0, torch.full_like(s64, int8.TINY_AMAX), s64 * (0.5 + 2.0**-12))
     record.add(
         states_checked=int(q_np.size),
         bit_errors=code_errors + scale_errors + recon_errors,
@@ -169,12 +173,9 @@ def compare_to_oracle(record, x: torch.Tensor, q, scales, x_hat) -> None:
         max_rel_err=l2_error(xf, x_hat.cpu())
         / max(float(torch.linalg.vector_norm(xf.flatten())), 1e-300),
         shape=f"{x.shape[0]}x{x.shape[1]}",
+        err_to_tol=float((err / bound[None, :]).max()),
     )
     assert code_errors == 0, f"{code_errors} codes differ from the oracle"
     assert scale_errors == 0, f"{scale_errors} scales differ from the oracle"
     assert recon_errors == 0, f"{recon_errors} reconstructed values differ from the oracle"
-    # |x - x_hat| <= s/2 per column, plus the float32 roundings of 1/s, x * inv and q * s
-    # (each relative 2**-24 on values up to 127 s); a zero-scale column holds only |x| < 2**-64.
-    s64 = torch.from_numpy(s_ref.astype(np.float64))
-    bound = torch.where(s64 == 0, torch.full_like(s64, int8.TINY_AMAX), s64 * (0.5 + 2.0**-12))
     assert bool((err <= bound[None, :]).all()), "reconstruction error above s/2"

@@ -3,6 +3,8 @@ measured copy bandwidth and the torch reference. Figures only; nothing is assert
 
 Bytes moved (the fewest the operation must move): K and V read once, codes, scales and
 zeros written once. Target on an H200: fp16 [8, 8, 32768, 128] at >= 85% of copy bandwidth.
+The kernels' ms carries its repeats' spread (ms_n, ms_min, ms_iqr, ms_mad) and whether the two
+launches are bound by the host or the device (bound, host_ms).
 """
 
 from __future__ import annotations
@@ -11,7 +13,7 @@ import pytest
 import torch
 from affine_support import ON_GPU, cache_mismatches, random_kv
 
-from harness.measure.timing import bandwidth_metrics, median_ms
+from harness.measure.timing import bandwidth_metrics, bound_metrics, median_ms, time_call
 from kernels.affine import _launch_quantize
 from kernels.kv_cache import QuantizedKV, quantize_into, quantize_kv
 
@@ -50,7 +52,8 @@ def test_bench_quantize_kv(record, bits, group_size):
         _launch_quantize(k, qkv.k_codes, qkv.k_scale, qkv.k_zero, 0, group_size, bits, True)
         _launch_quantize(v, qkv.v_codes, qkv.v_scale, qkv.v_zero, 0, group_size, bits, False)
 
-    ms = median_ms(kernel_only)
+    timing = time_call(kernel_only)
+    ms = timing.median
     ms_api = median_ms(lambda: quantize_into(qkv, k, v, 0, "triton"))
     # the public call a prompt goes through: allocation, kernels, checks (one read-back)
     ms_public = median_ms(lambda: quantize_kv(k, v, bits, group_size=group_size, backend="triton")) if ON_GPU else None
@@ -61,7 +64,8 @@ def test_bench_quantize_kv(record, bits, group_size):
     metrics = bandwidth_metrics(_moved_bytes(qkv, k), ms)
     record.backend, record.variant, record.device = "triton", f"b{bits}-g{group_size}-fp16", device
     record.add(
-        **metrics, ms_api=ms_api, ms_torch=ms_torch, bit_errors=sum(diff.values()),
+        **metrics, **timing.metrics(), **bound_metrics(kernel_only, ms, device=device),
+        ms_api=ms_api, ms_torch=ms_torch, bit_errors=sum(diff.values()),
         **({"ms_public": ms_public, "pct_of_peak_public": metrics["pct_of_peak"] * ms / ms_public} if ms_public else {}),
         speedup={"torch_reference": ms_torch / ms},
         shape="x".join(map(str, shape)),

@@ -23,6 +23,6 @@ def test_bench_decode(record, shape):
     record.backend, record.device, record.variant = "triton", device, "fused-3bit"
     figures = bench_shape(*shape, device=device)
     record.variant = f"fused-3bit-{figures.pop('layout')}"
-    record.add(**figures)
+    record.add(**figures, tolerance=2e-3)
     # correctness still applies to a benchmark's output; speed is only recorded
     assert figures["max_abs_err"] <= 2e-3

@@ -7,6 +7,8 @@ the fp16 step (preallocated fp16 cache, flash SDPA) measured in the same run: pe
 p99 and max, tokens per second, the cache's bytes per token and its device memory against its
 nbytes. A serving batch of ragged sequences finishing and joining, against fp16 flash SDPA per
 sequence (torch has no ragged decode call).
+Each ms carries the spread of its steps (ms_n, ms_min, ms_iqr, ms_mad) and what bounds it
+(bound, host_ms: the host's time to issue a step against the step's time on the device).
 On a GPU the decode-loop shapes; tiny ones in the interpreter on CPU.
 """
 
@@ -22,9 +24,11 @@ from decode_loop_support import (
     kvbits_steps,
     prompt_cache,
     serving_batch,
+    spread_metrics,
     step_inputs,
 )
 
+from harness.measure.timing import classify_bound
 from kernels.decode import reference_decode
 
 pytestmark = pytest.mark.bench
@@ -80,6 +84,9 @@ def test_bench_decode_step(record, shape):
         "nbytes": cache.nbytes(), "max_abs_err": err, "states_checked": out.numel(),
         "shape": f"B={batch} Hq={hq} Hkv={hkv} S={seq} D={dim} bits=3 steps={STEPS}",
         "speedup": {"fp16_step_eager": fp["eager"]["median"] / kv["eager"]["median"]},
+        **spread_metrics(step), "host_ms": step["issue"],
+        # steps issued back to back: the host keeps up unless issuing one costs about a step's time
+        "bound": classify_bound(step["issue"], step["median"]) if GPU else "cpu",
     }
     if GPU:
         figures["fp16_graph_ms"] = fp["graph"]["median"]
@@ -99,7 +106,11 @@ def test_bench_serving_batch(record):
     steps = 1024 if GPU else 6
     served = serving_batch(steps, new_tokens=(64, 1024) if GPU else (2, 4), device=DEVICE, **size)
     fp16 = fp16_batch(min(steps, 256), device=DEVICE, **size)
-    record.add(tokens_per_s=served["tokens_per_s"], ms=served["step_ms"]["median"], p99_ms=served["step_ms"]["p99"],
+    step_ms, issue_ms = served["step_ms"]["median"], served["issue_ms"]
+    # a synchronized step: what the device adds after the host has issued it is the device's share
+    bound = classify_bound(issue_ms, step_ms - issue_ms) if GPU else "cpu"
+    record.add(tokens_per_s=served["tokens_per_s"], ms=step_ms, p99_ms=served["step_ms"]["p99"],
+               **spread_metrics(served["step_ms"]), host_ms=issue_ms, bound=bound,
                prefill_s=served["prefill_s"], nbytes=served["nbytes"], fp16_tokens_per_s=fp16["tokens_per_s"],
                speedup={"fp16_per_sequence": served["tokens_per_s"] / fp16["tokens_per_s"]},
                shape=f"{size['sequences']} sequences, prompts {size['prompts']}, Hq={size['q_heads']} "

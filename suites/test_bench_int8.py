@@ -7,8 +7,10 @@ quantize reads 4 B and writes 1 B, dequantize reads 1 B and writes 4 B) and % of
 bandwidth measured in the same run; the origin document's errors: reconstruction L2 and max-abs, and the
 attention surrogate mean_t |Q.K[t] - Q.K_hat[t]|.
 
-GPU timings are CUDA-event medians (harness.measure.timing.median_ms) over inputs rotated through enough
-copies to exceed 4x the L2 cache. The CPU baseline is timed by wall clock with 1-3 repetitions,
+GPU timings are CUDA-event medians (harness.measure.timing.time_call) over inputs rotated through enough
+copies to exceed 4x the L2 cache, recorded with their repeats' spread (ms_n, ms_min, ms_iqr, ms_mad:
+quantize and dequantize added) and whether the pair is bound by the host or the device (bound,
+host_ms; at the smallest shapes a call is mostly the host's launch cost). The CPU baseline is timed by wall clock with 1-3 repetitions,
 only where its predicted time is at most CPU_BASELINE_LIMIT_S; other shapes record it as skipped
 with the reason. torch.compile on CPU tensors costs about 40 s of C++ builds, so without a GPU it
 runs only when KVH_INT8_CPU_COMPILE=1.
@@ -20,13 +22,12 @@ from __future__ import annotations
 
 import math
 import os
-import statistics
 import time
 
 import pytest
 import torch
 
-from harness.measure.timing import bandwidth_metrics, median_ms
+from harness.measure.timing import Timing, bandwidth_metrics, bound_metrics, time_call
 from kernels import int8
 from suites.int8_support import attention_error, kv_matrix, l2_error, max_abs_error, query_fill, tag
 
@@ -82,9 +83,9 @@ class _ShapeState:
         self.x = kv_matrix(T, D, seed=T ^ D, device=DEVICE)
         self.query = query_fill(D, seed=D, device=DEVICE)
         self.baselines: dict[str, float | str] = {}
-        self.timed: dict[str, tuple[float, float, tuple]] = {}
+        self.timed: dict[str, tuple[Timing, Timing, tuple]] = {}
         self.compiled: tuple | None = None
-        self.cpu_split: tuple[float, float] | None = None
+        self.cpu_split: tuple[Timing, Timing] | None = None
         copies = 1
         if CUDA:
             l2 = getattr(torch.cuda.get_device_properties(0), "L2_cache_size", 50 * 2**20)
@@ -115,14 +116,14 @@ def _rotating(items):
     return next_item
 
 
-def _time_pair(quant, dequant, xs) -> tuple[float, float, tuple]:
-    """Median ms of quant(x) over rotated inputs, and of dequant(q, s) over rotated codes."""
+def _time_pair(quant, dequant, xs) -> tuple[Timing, Timing, tuple]:
+    """Timings of quant(x) over rotated inputs, and of dequant(q, s) over rotated codes."""
     next_x = _rotating(xs)
-    quant_ms = median_ms(lambda: quant(next_x()))
+    quant_timing = time_call(lambda: quant(next_x()))
     outputs = [quant(x) for x in xs]
     next_qs = _rotating(outputs)
-    dequant_ms = median_ms(lambda: dequant(*next_qs()))
-    return quant_ms, dequant_ms, outputs[0]
+    dequant_timing = time_call(lambda: dequant(*next_qs()))
+    return quant_timing, dequant_timing, outputs[0]
 
 
 def _variant_fns(variant: str, state: _ShapeState):
@@ -142,15 +143,15 @@ def _variant_fns(variant: str, state: _ShapeState):
     )
 
 
-def _timed(state: _ShapeState, name: str) -> tuple[float, float, tuple]:
-    """(quant ms, dequant ms, (q, scales)) of a variant or baseline, measured once per shape."""
+def _timed(state: _ShapeState, name: str) -> tuple[Timing, Timing, tuple]:
+    """(quant timing, dequant timing, (q, scales)) of a variant or baseline, measured once per shape."""
     if name not in state.timed:
         state.timed[name] = _time_pair(*_variant_fns(name, state), state.xs)
     return state.timed[name]
 
 
-def _time_cpu_baseline(state: _ShapeState) -> tuple[float, float] | str:
-    """Wall-clock (quant ms, dequant ms) of the CPU baseline, or the reason it was not run.
+def _time_cpu_baseline(state: _ShapeState) -> tuple[Timing, Timing] | str:
+    """Wall-clock (quant, dequant) timings of the CPU baseline, or the reason it was not run.
 
     Outside the timing: one call on a few elements (the extension's build or load, the thread
     pool), then one on a sample of at most SAMPLE_ELEMENTS whole rows, which predicts the full
@@ -179,22 +180,29 @@ def _time_cpu_baseline(state: _ShapeState) -> tuple[float, float] | str:
         dequant_times.append(time.perf_counter() - middle)
         if quant_times[0] + dequant_times[0] > 2.0:
             break  # slow shapes: one repetition
-    return statistics.median(quant_times) * 1e3, statistics.median(dequant_times) * 1e3
+    return Timing.of(quant_times).scaled(1e3), Timing.of(dequant_times).scaled(1e3)
 
 
 def _baseline(state: _ShapeState, name: str) -> float | str:
     if name not in state.baselines:
         if name == "cpu_baseline":
             timed = _time_cpu_baseline(state)
-            state.baselines[name] = timed if isinstance(timed, str) else sum(timed)
+            state.baselines[name] = timed if isinstance(timed, str) else timed[0].plus(timed[1]).median
             if not isinstance(timed, str):
                 state.cpu_split = timed
         elif name == "torch_compile" and not CPU_COMPILE:
             state.baselines[name] = "torch.compile on CPU is opt-in (KVH_INT8_CPU_COMPILE=1)"
         else:
-            quant_ms, dequant_ms, _ = _timed(state, name)
-            state.baselines[name] = quant_ms + dequant_ms
+            quant, dequant, _ = _timed(state, name)
+            state.baselines[name] = quant.plus(dequant).median
     return state.baselines[name]
+
+
+def _bound(state: _ShapeState, variant: str, total_ms: float) -> dict:
+    """Whether a quantize then dequantize over the rotated inputs is bound by the host or the device."""
+    quant, dequant = _variant_fns(variant, state)
+    next_x = _rotating(state.xs)
+    return bound_metrics(lambda: dequant(*quant(next_x())), total_ms, device=DEVICE)
 
 
 def _cases():
@@ -218,26 +226,30 @@ def test_bench_int8(record, T, D, variant):
         total = _baseline(state, "cpu_baseline")
         if isinstance(total, str):
             pytest.skip(f"cpu_baseline at {T}x{D}: {total}")
-        quant_ms, dequant_ms = state.cpu_split
+        quant, dequant = state.cpu_split
         record.add(
             ms=total,
-            quant_ms=quant_ms,
-            dequant_ms=dequant_ms,
+            **quant.plus(dequant).metrics(),
+            bound="cpu",
+            quant_ms=quant.median,
+            dequant_ms=dequant.median,
             reference=True,  # the origin document's baseline: its timing is compared, never a regression
             timing="wall clock, median of 1-3 runs",
             speedup={"cpu_baseline": 1.0},
-            **_bytes_per_s(T, D, quant_ms, dequant_ms),
+            **_bytes_per_s(T, D, quant.median, dequant.median),
         )
         return
     if variant == "torch_compile" and not CPU_COMPILE:
         pytest.skip(str(_baseline(state, "torch_compile")))
 
-    quant_ms, dequant_ms, (q, scales) = _timed(state, variant)
-    total = quant_ms + dequant_ms
+    quant, dequant, (q, scales) = _timed(state, variant)
+    pair = quant.plus(dequant)
+    total = pair.median
     nbytes = _bytes(T, D)
     metrics = bandwidth_metrics(nbytes["quant"] + nbytes["dequant"], total)
     metrics.update(
-        quant_ms=quant_ms, dequant_ms=dequant_ms, **_bytes_per_s(T, D, quant_ms, dequant_ms)
+        **pair.metrics(), **_bound(state, variant, total),
+        quant_ms=quant.median, dequant_ms=dequant.median, **_bytes_per_s(T, D, quant.median, dequant.median)
     )
     speedup, skipped = {}, {}
     for name in BASELINES:

@@ -4,7 +4,9 @@ Bytes counted: the packed stream once plus the values once (1 + 8/3 bytes per pa
 byte), against the device copy bandwidth measured in the same run. Speed is recorded,
 never asserted; every timed output is checked against the torch reference (computed
 chunk by chunk, since the reference's bit-plane expansion needs 32x the stream's bytes).
-The torch reference itself is timed on a 64 MiB stream.
+The torch reference itself is timed on a 64 MiB stream. Each ms carries its repeats' spread
+(ms_n, ms_min, ms_iqr, ms_mad) and what bounds it (bound: the device or the host's launch cost;
+"cpu" for the torch reference on CPU tensors, a CPU baseline timed by the wall clock on a GPU host).
 """
 
 from __future__ import annotations
@@ -12,7 +14,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from harness.measure.timing import bandwidth_metrics, median_ms, write_bandwidth_gbps
+from harness.measure.timing import bandwidth_metrics, bound_metrics, time_call, write_bandwidth_gbps
 from kernels.packing import pack_bits, unpack_bits
 from suites.packing_support import device_backend_params
 
@@ -51,8 +53,10 @@ def test_bench_pack_unpack_1gib(record, device, backend, layout, direction):
     out = run()
     assert torch.equal(out, expected)
     del out
-    ms = median_ms(run)
+    timing = time_call(run, device=device)
+    ms = timing.median
     metrics = bandwidth_metrics(packed.numel() + values.numel(), ms)
+    metrics.update(timing.metrics(), **bound_metrics(run, ms, device=device))
     if device == "cuda":
         metrics["write_only_gbps"] = write_bandwidth_gbps()  # unpacking writes 2.67 B per byte read
     record.add(shape=_size_label(packed.numel()), packed_bytes=packed.numel(), **metrics)

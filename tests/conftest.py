@@ -6,7 +6,7 @@ import shutil
 from pathlib import Path
 
 import pytest
-from synthetic import write_legs
+from synthetic import write_history, write_legs
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -28,7 +28,8 @@ def legs(tmp_path) -> list[Path]:
 
 @pytest.fixture(scope="session")
 def rendered(tmp_path_factory) -> dict:
-    """The synthetic legs rendered once through the command line, with a baseline from one leg."""
+    """The synthetic legs rendered once through the command line, with a baseline from one leg and a
+    run history of six earlier runs of that leg (trend charts)."""
     from harness.report import load_results, write_baseline
     from harness.report.cli import main
 
@@ -36,12 +37,15 @@ def rendered(tmp_path_factory) -> dict:
     legs = write_legs(root / "runs")
     baseline = root / "baseline.json"
     write_baseline(baseline, load_results([legs[0]]))
+    history = root / "history.sqlite"
+    write_history(history, root / "earlier")
     out = root / "report.html"
-    assert main(["report", str(root / "runs"), "-o", str(out), "--baseline", str(baseline)]) == 0
+    assert main(["report", str(root / "runs"), "-o", str(out), "--baseline", str(baseline), "--history", str(history)]) == 0
     return {
         "root": root,
         "legs": legs,
         "baseline": baseline,
+        "history": history,
         "html_path": out,
         "html": out.read_text(encoding="utf-8"),
         "junit": root / "report.junit.xml",

@@ -101,12 +101,22 @@ def test_pytest_command_serial_without_timeout():
 
 
 def test_report_command():
-    assert commands.report_command(PY, ["reports/runs/a", "reports/runs/b"], baseline="reports/baselines/h.json") == [
+    assert commands.report_command(PY, ["reports/runs/a", "reports/runs/b"], baseline="reports/baselines/h.json",
+                                   family="gpu_verify") == [
         PY, "-m", "harness", "report", "reports/runs/a", "reports/runs/b",
-        "-o", "reports/report.html", "--junit", "reports/junit.xml", "--summary-md", "reports/summary.md",
-        "--baseline", "reports/baselines/h.json"]
+        "-o", "reports/gpu_verify-report.html", "--junit", "reports/gpu_verify-junit.xml",
+        "--summary-md", "reports/gpu_verify-summary.md", "--baseline", "reports/baselines/h.json"]
     assert commands.report_command(PY, ["d"], reports_dir="out")[-6:] == [
-        "-o", "out/report.html", "--junit", "out/junit.xml", "--summary-md", "out/summary.md"]
+        "-o", "out/all-report.html", "--junit", "out/all-junit.xml", "--summary-md", "out/all-summary.md"]
+
+
+def test_each_session_family_writes_its_own_report_files():
+    """``nox -s tests`` after ``nox -s verify`` leaves verify's page, JUnit and summary as they were."""
+    written = {kind: set(commands.report_paths(kind).values()) for kind in (*commands.KINDS, commands.ALL_FAMILIES)}
+    for kind, paths in written.items():
+        assert len(paths) == 3 and all(p.startswith(f"reports/{kind}-") for p in paths)
+        for other, others in written.items():
+            assert other == kind or not paths & others
 
 
 # -- pipeline plans --------------------------------------------------------------------------------
@@ -547,5 +557,7 @@ def test_pipeline_end_to_end_writes_steps_and_a_report_that_shows_them(tmp_path)
     steps = json.loads((reports / "tests-steps.json").read_text())
     assert [s["step"] for s in steps["steps"]] == ["suites", "report"] and not steps["failed"]
     assert steps["wall_s"] > 0
-    html = (reports / "report.html").read_text(encoding="utf-8")
+    assert sorted(p.name for p in reports.iterdir() if p.is_file()) == [
+        "tests-junit.xml", "tests-report.html", "tests-steps.json", "tests-summary.md"]
+    html = (reports / "tests-report.html").read_text(encoding="utf-8")
     assert "pipeline <b>tests</b>" in html and "suites " in html and "1</b>passed" in html

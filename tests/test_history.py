@@ -189,3 +189,174 @@ def test_a_manifest_that_is_no_object_is_no_crash(tmp_path):
     run_dir = _run(tmp_path, "odd")
     (run_dir / "manifest.json").write_text("[]")
     assert len(history.add_runs([run_dir], db)) == 1
+
+
+def _series_history(tmp_path) -> Path:
+    """Four benchmark runs of one leg a day apart (ms 1.0 to 1.3), a suites-only run of that leg
+    between them and a run of another leg."""
+    db = tmp_path / "series.sqlite"
+    dirs = [_run(tmp_path, f"b{day}", ms=1.0 + 0.1 * day, started=f"2026-12-0{day + 1}T00:00:00") for day in range(4)]
+    suites_only = write_run(tmp_path / "suites", [rec("decode", "test_x")], leg="gpu-torch2.11.0-triton3.6.0",
+                            env=env_for("gpu-torch2.11.0-triton3.6.0", "gpu"))
+    manifest = json.loads((suites_only / "manifest.json").read_text())
+    (suites_only / "manifest.json").write_text(json.dumps({**manifest, "started": "2026-12-09T00:00:00"}))
+    other = _run(tmp_path, "other", leg="gpu-torch2.8.0-triton3.4.0", started="2026-12-10T00:00:00")
+    history.add_runs([*dirs, suites_only, other], db)
+    return db
+
+
+def test_case_series_gives_each_case_per_run_oldest_first(tmp_path):
+    db = _series_history(tmp_path)
+    nodeids = {f"suites/test_bench_decode.py::test_bench[{i}]" for i in range(3)} | {
+        "suites/test_bench_decode.py::test_broken"}
+    runs, series = history.case_series("ms", leg="gpu-torch2.11.0-triton3.6.0", gpu="NVIDIA H200", last=3,
+                                       nodeids=nodeids, path=db)
+    assert [r["run_id"].split("@")[1] for r in runs] == ["b1", "b2", "b3"]  # the newest 3, not the suites run
+    assert runs[0]["commit"] == "0123456789abcdef0123456789abcdef01234567" and runs[0]["started"].startswith("2026-12-02")
+    assert series[("suites/test_bench_decode.py::test_bench[1]", "fused")] == pytest.approx([2.2, 2.4, 2.6])
+    assert series[("suites/test_bench_decode.py::test_broken", None)] == [None, None, None]  # failed: no figure
+    everything, _ = history.case_series("ms", leg="gpu-torch2.11.0-triton3.6.0", gpu="NVIDIA H200", last=10, path=db)
+    assert len(everything) == 5  # without nodeids, every run of the leg
+    assert history.case_series("ms", leg="gpu-torch2.11.0-triton3.6.0", gpu=None, last=10, path=db) == ([], {})
+
+
+def test_case_series_only_reads_and_says_what_is_wrong(tmp_path):
+    missing = tmp_path / "none" / "h.sqlite"
+    with pytest.raises(history.HistoryError, match="no such file"):
+        history.case_series("ms", leg="L", gpu=None, last=5, path=missing)
+    assert not missing.parent.exists()  # a reader never creates a history
+    corrupt = tmp_path / "corrupt.sqlite"
+    corrupt.write_bytes(b"this is not a database, " * 100)
+    with pytest.raises(history.HistoryError, match="not a readable SQLite database"):
+        history.case_series("ms", leg="L", gpu=None, last=5, path=corrupt)
+    db = _series_history(tmp_path)
+    with sqlite3.connect(db, isolation_level=None) as holder:
+        holder.execute("PRAGMA journal_mode=DELETE")  # a writer that locks readers out
+        holder.execute("BEGIN EXCLUSIVE")
+        started = time.monotonic()
+        with pytest.raises(history.HistoryError, match="locked"):
+            history.case_series("ms", leg="gpu-torch2.11.0-triton3.6.0", gpu="NVIDIA H200", last=5, path=db,
+                                timeout_s=0.2)
+        assert time.monotonic() - started < 5
+        holder.execute("ROLLBACK")
+
+
+def _bench_run(tmp: Path, name: str, started: str, ms: dict[str, float], *, leg: str = "gpu-torch2.11.0-triton3.6.0",
+               complete: bool = True, outcome: str = "passed", **metrics) -> Path:
+    """A run directory of benchmark cases ``{case: ms}`` started at ``started``."""
+    records = [rec("bench_x", case, outcome, backend="triton", variant="v", device="cuda",
+                   metrics={"ms": value, "ms_n": 100, "ms_mad": 0.001, **metrics}) for case, value in ms.items()]
+    run_dir = write_run(tmp / name, records, leg=leg, env=env_for(leg, "gpu"), complete=complete)
+    manifest = json.loads((run_dir / "manifest.json").read_text())
+    manifest["started"] = started
+    (run_dir / "manifest.json").write_text(json.dumps(manifest))
+    return run_dir
+
+
+LEG = "gpu-torch2.11.0-triton3.6.0"
+
+
+def _rolling_history(tmp: Path) -> Path:
+    """Six runs of one leg (the oldest far slower), one incomplete run, a confirmation re-run, an
+    A/B round, a suites run without the benchmark and a run of another leg."""
+    db = tmp / "h.sqlite"
+    days = {1: 5.0, 2: 1.00, 3: 1.10, 4: 0.90, 5: 1.20, 6: 1.05}
+    dirs = [_bench_run(tmp, f"gpu_verify-L-bench{d}", f"2026-12-0{d}T00:00:00", {"t": ms, "u": 2 * ms})
+            for d, ms in days.items()]
+    dirs.append(_bench_run(tmp, "killed", "2026-12-07T00:00:00", {"t": 9.0}, complete=False))
+    dirs.append(_bench_run(tmp, "gpu_verify-L-bench-confirm", "2026-12-07T01:00:00", {"t": 9.0}))
+    dirs.append(_bench_run(tmp, "ab-head-1", "2026-12-07T02:00:00", {"t": 8.5}))
+    dirs.append(write_run(tmp / "gpu_verify-L", [rec("affine", "test_ok", metrics={"max_abs_err": 1e-3})],
+                          leg=LEG, env=env_for(LEG, "gpu")))
+    dirs.append(_bench_run(tmp, "other-leg", "2026-12-08T00:00:00", {"t": 7.0}, leg="gpu-torch2.8.0-triton3.4.0"))
+    history.add_runs(dirs, db)
+    return db
+
+
+def test_a_rolling_baseline_is_the_median_of_the_last_runs_with_their_spread(tmp_path):
+    """The newest four complete runs of the leg that ran the case (the suites run between them, the
+    incomplete run, the re-run and the other leg left out): the median of their medians, and how
+    those spread across the runs as the noise."""
+    from harness.report import compare, load_results
+    from harness.report.baseline import case_key
+
+    db = _rolling_history(tmp_path)
+    base = history.rolling_baseline(LEG, "NVIDIA H200", last=4, path=db)
+    entry = base["cases"]["suites/bench_x::t::triton::v"]
+    # days 3 to 6: 1.10, 0.90, 1.20, 1.05
+    assert entry["ms"] == pytest.approx(1.075) and entry["ms_n"] == 4 and entry["spread"] == "runs"
+    assert entry["ms_min"] == 0.90 and entry["ms_mad"] == pytest.approx(0.075)
+    assert entry["ms_iqr"] == pytest.approx(1.125 - 1.0125)
+    assert base["cases"]["suites/bench_x::u::triton::v"]["ms"] == pytest.approx(2 * 1.075)
+    assert entry["env"] == "gpu/NVIDIA H200" and entry["outcome"] == "passed" and entry["legs"] == [LEG]
+    assert base["cases"]["suites/affine::test_ok::-::-"]["max_abs_err"] == 1e-3
+    assert base["source"]["rolling"] == 4 and len(base["source"]["runs"]) == 5  # four bench runs, one suites run
+    assert not any("confirm" in r or "killed" in r or "@ab-" in r for r in base["source"]["runs"])
+    # the keys are the ones compare() looks records up by
+    now = load_results([_bench_run(tmp_path, "now", "2026-12-09T00:00:00", {"t": 1.5, "u": 2.5})])
+    assert {case_key(r) for r in now.runs[0].records} <= set(base["cases"])
+    comparison = compare(now, base)
+    # t: +40%, beyond the spread of its runs; u: +16%, within that of its own (twice as wide)
+    assert [(f.kind, f.case) for f in comparison.regressions] == [("slower", "t")]
+    assert [f.case for f in comparison.within_noise] == ["u"]
+    assert not comparison.not_comparable
+
+
+def test_a_rolling_baseline_of_an_unknown_leg_is_empty(tmp_path):
+    db = _rolling_history(tmp_path)
+    assert history.rolling_baseline("no-such-leg", "NVIDIA H200", last=3, path=db)["cases"] == {}
+    with pytest.raises(ValueError, match="last"):
+        history.rolling_baseline(LEG, "NVIDIA H200", last=0, path=db)
+    with pytest.raises(history.HistoryError, match="no such file"):
+        history.rolling_baseline(LEG, "NVIDIA H200", path=tmp_path / "missing.sqlite")
+
+
+def test_the_worst_outcome_and_errors_of_the_runs_go_into_the_rolling_baseline(tmp_path):
+    db = tmp_path / "h.sqlite"
+    history.add_runs([_bench_run(tmp_path, "r1", "2026-12-01T00:00:00", {"t": 1.0}, max_abs_err=1e-3),
+                      _bench_run(tmp_path, "r2", "2026-12-02T00:00:00", {"t": 1.0}, outcome="failed"),
+                      _bench_run(tmp_path, "r3", "2026-12-03T00:00:00", {"t": 1.2}, max_abs_err="nan")], db)
+    entry = history.rolling_baseline(LEG, "NVIDIA H200", last=3, path=db)["cases"]["suites/bench_x::t::triton::v"]
+    assert entry["outcome"] == "failed" and entry["max_abs_err"] == "nan"
+    assert entry["ms"] == pytest.approx(1.1) and entry["ms_n"] == 2  # the failed run has no timing
+
+
+def test_the_report_compares_with_the_rolling_baseline(tmp_path, capsys, monkeypatch):
+    from harness.report.cli import main
+
+    now = _bench_run(tmp_path, "now", "2026-12-09T00:00:00", {"t": 1.5, "u": 2.1})
+    with pytest.raises(SystemExit):  # $KVH_HISTORY names no database yet
+        main(["summarize", str(now), "--baseline", "history:4"])
+    assert "no such file" in capsys.readouterr().err
+    monkeypatch.setenv("KVH_HISTORY", str(_rolling_history(tmp_path)))
+    assert main(["summarize", str(now), "--baseline", "history:4", "--fail-on", "regressions"]) == 1
+    out = capsys.readouterr().out
+    assert f"regressions vs history, each case's last 4 runs ({LEG}: 5 runs read)" in out and "1 slower" in out
+    assert main(["summarize", str(now), "--baseline", "history", "--fail-on", "regressions"]) == 1
+    with pytest.raises(SystemExit):
+        main(["summarize", str(now), "--baseline", "history:zero"])
+    assert "history:N with N a positive integer" in capsys.readouterr().err
+
+
+def test_each_leg_is_compared_with_its_own_history(tmp_path):
+    from harness.report import load_results
+    from harness.report.baseline import compare_rolling
+
+    db = _rolling_history(tmp_path)
+    other = "gpu-torch2.8.0-triton3.4.0"
+    now = load_results([_bench_run(tmp_path, "now-a", "2026-12-09T00:00:00", {"t": 1.5}),
+                        _bench_run(tmp_path, "now-b", "2026-12-09T00:00:00", {"t": 7.1}, leg=other),
+                        write_run(tmp_path / "cpu", [rec("bench_x", "t", backend="triton", variant="v",
+                                                         metrics={"ms": 900.0})], leg="cpu")])
+    comparison = compare_rolling(now, 4, db)
+    assert [(f.run_label, f.case) for f in comparison.regressions] == [(LEG, "t")]  # not the other leg's 7.1 ms
+    assert comparison.not_comparable == ["cpu"] and comparison.compared == 2
+    assert f"{other}: 1 runs read" in comparison.source
+
+
+def test_trends_leave_out_confirmation_and_ab_runs(tmp_path):
+    """A trend is one commit per run of the leg: re-runs and A/B rounds are not points of it."""
+    db = _rolling_history(tmp_path)
+    runs, series = history.case_series("ms", leg=LEG, gpu="NVIDIA H200", last=20, path=db)
+    assert len(runs) >= 6 and not any("confirm" in r["run_id"] or "@ab-" in r["run_id"] for r in runs)
+    assert 8.5 not in [v for values in series.values() for v in values]

@@ -109,7 +109,7 @@ def listing() -> list[tuple[bool, str, str]]:
 
 def test_every_session_is_listed_with_a_one_line_description(listing):
     names = {session.split("(")[0] for _, session, _ in listing}
-    assert names == {"tests", "verify", "gpu_verify", "bench", "report", "lint", "compile_matrix", "container",
+    assert names == {"tests", "verify", "gpu_verify", "bench", "ab", "report", "lint", "compile_matrix", "container",
                      "mutants", "sanitize"}
     for _, session, description in listing:
         assert description.strip() and len(description) < 110, (session, description)
@@ -266,6 +266,31 @@ def test_verify_and_bench_install_the_default_stack(tmp_path, monkeypatch):
         getattr(noxfile, name)(session)
         assert session.installs() == commands.install_commands(legs.CPU_TORCH, "3.6.0")
         assert session.runs() == [("python", "-m", "harness.run.pipeline", name)]
+
+
+def test_ab_session_installs_the_default_stack_and_passes_base_and_selection(tmp_path, monkeypatch):
+    monkeypatch.delenv("KVH_TORCH_INDEX_URL", raising=False)
+    monkeypatch.delenv("KVH_TORCH", raising=False)
+    monkeypatch.setenv("KVH_TRITON", "3.6.0")
+    noxfile = load_noxfile()
+    session = FakeSession(tmp_path, posargs=["HEAD~1", "-k", "decode"])
+    noxfile.ab(session)
+    assert session.installs() == commands.install_commands(legs.CPU_TORCH, "3.6.0")
+    assert session.runs() == [("python", "-m", "harness.run.ab", "HEAD~1", "-k", "decode")]
+    installed = FakeSession(tmp_path, venv_backend="none", posargs=["HEAD~1"])
+    noxfile.ab(installed)
+    assert installed.installs() == []
+    assert installed.runs() == [(sys.executable, "-m", "harness.run.ab", "HEAD~1")]
+
+
+def test_the_container_runs_the_ab_session_inside(tmp_path, monkeypatch):
+    noxfile = load_noxfile()
+    monkeypatch.setattr(noxfile.shutil, "which", lambda name: "/usr/bin/docker")
+    monkeypatch.setenv("KVH_CONTAINER_CACHE", str(tmp_path / "cache"))
+    leg = legs.GPU_LEGS[0]
+    session = FakeSession(tmp_path, posargs=["ab", "HEAD~1"])
+    noxfile.container(session, torch=leg.torch, triton=leg.triton)
+    assert list(session.runs()[1][-6:]) == ["nox", "--no-venv", "-s", "ab", "--", "HEAD~1"]
 
 
 def test_report_session_installs_only_the_report_extra(tmp_path):

@@ -33,7 +33,7 @@ def rendered(tmp_path, monkeypatch) -> list[dict]:
 
     calls: list[dict] = []
 
-    def render(run_dirs, reports_dir, baseline, timings, python=None, steps=None):
+    def render(run_dirs, reports_dir, baseline, timings, python=None, steps=None, family="all"):
         calls.append({"run_dirs": list(run_dirs), "baseline": baseline})
         return 0
 

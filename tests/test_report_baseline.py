@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 
 import pytest
 from synthetic import env_for, rec, write_run
@@ -230,3 +231,220 @@ def test_a_time_still_recorded_beside_a_lost_bandwidth_is_compared(tmp_path):
     now = load_results([_run(tmp_path, "b", [rec("b", "t", metrics={"ms": 0.1, "gbps": float("nan")})])])
     comparison = compare(now, base)
     assert comparison.regressions == [] and comparison.improvements == [] and comparison.compared == 1
+
+
+# -- noise, categories and confirmation ------------------------------------------------------------
+
+
+def _timed(case, ms, mad, *, n=200, device="cuda:0", outcome="passed", **metrics):
+    """A benchmark record whose ms carries its repeats' spread (as harness.measure.timing records it)."""
+    return rec("bench_x", case, outcome, backend="triton", variant="v", device=device,
+               metrics={"ms": ms, "ms_n": n, "ms_min": ms - 2 * mad, "ms_iqr": 1.349 * 1.4826 * mad,
+                        "ms_mad": mad, **metrics})
+
+
+def _against(tmp_path, before, after, **options):
+    base = make_baseline(load_results([_run(tmp_path, "a", before)]))
+    return compare(load_results([_run(tmp_path, "b", after)]), base, **options)
+
+
+def test_a_shift_beyond_small_noise_is_flagged(tmp_path):
+    comparison = _against(tmp_path, [_timed("t", 1.0, 0.005)], [_timed("t", 1.15, 0.005)])
+    (finding,) = comparison.regressions
+    assert (finding.kind, finding.category, finding.confirmed) == ("slower", "kernel", None)
+    assert finding.change_pct == pytest.approx(15.0)
+    assert finding.noise_pct < 15.0 and finding.stands_out and "beyond the noise" in finding.note
+    assert finding.nodeid == "suites/test_bench_x.py::t"
+    assert [f.nodeid for f in comparison.suspects()] == ["suites/test_bench_x.py::t"]
+
+
+def test_the_same_shift_inside_large_noise_is_not(tmp_path):
+    from harness.report import summarize
+
+    after = load_results([_run(tmp_path, "b", [_timed("t", 1.15, 0.1)])])
+    base = make_baseline(load_results([_run(tmp_path, "a", [_timed("t", 1.0, 0.1)])]))
+    comparison = compare(after, base)
+    assert comparison.regressions == [] and comparison.suspects() == []
+    (finding,) = comparison.within_noise
+    assert finding.noise_pct > 15.0 and not finding.stands_out and "within the noise" in finding.note
+    assert summarize(after, comparison).verdict == "PASSED"
+
+
+def test_noise_is_weighed_on_both_sides(tmp_path):
+    """A quiet baseline does not make a noisy run's slowdown real, nor the other way round."""
+    assert _against(tmp_path, [_timed("t", 1.0, 0.005)], [_timed("t", 1.15, 0.1)]).regressions == []
+    assert _against(tmp_path, [_timed("u", 1.0, 0.1)], [_timed("u", 1.15, 0.005)]).regressions == []
+
+
+def test_equal_distributions_are_not_flagged(tmp_path):
+    comparison = _against(tmp_path, [_timed("t", 1.0, 0.05)], [_timed("t", 1.0, 0.05)])
+    assert not (comparison.regressions or comparison.improvements or comparison.within_noise)
+
+
+def test_a_speedup_inside_the_noise_is_no_improvement(tmp_path):
+    assert _against(tmp_path, [_timed("t", 1.0, 0.1)], [_timed("t", 0.85, 0.1)]).improvements == []
+    (better,) = _against(tmp_path, [_timed("u", 1.0, 0.001)], [_timed("u", 0.85, 0.001)]).improvements
+    assert better.kind == "faster"
+
+
+def test_the_baseline_keeps_each_cases_spread(tmp_path):
+    base = make_baseline(load_results([_run(tmp_path, "a", [_timed("t", 1.0, 0.01, bound="host"),
+                                                            _bench("old", 2.0)])]))
+    entry = base["cases"]["suites/bench_x::t::triton::v"]
+    assert entry["ms_n"] == 200 and entry["ms_mad"] == 0.01 and entry["ms_min"] == pytest.approx(0.98)
+    assert entry["ms_iqr"] == pytest.approx(1.349 * 1.4826 * 0.01)
+    assert entry["spread"] == "repeats" and entry["bound"] == "host"
+    assert not {"ms_n", "ms_mad", "spread", "bound"} & set(base["cases"]["suites/bench_x::old::triton::v"])
+
+
+@pytest.mark.parametrize(("now_ms", "regressed"), [(1.09, False), (1.11, True)])
+def test_an_old_baseline_without_spread_compares_by_the_threshold(tmp_path, now_ms, regressed):
+    """A baseline written before the spread was kept: its noise is the floor (2% of the median), so
+    with a current figure at the floor too a change must pass about 9%, and the 10% threshold decides."""
+    path = tmp_path / "old.json"
+    path.write_text(json.dumps({"format": "kvh-baseline", "version": 1, "created": "2026-11-01", "threshold_pct": 10.0,
+                                "cases": {"suites/bench_x::t::triton::v": {
+                                    "suite": "suites/bench_x", "case": "t", "backend": "triton", "variant": "v",
+                                    "env": "gpu/NVIDIA H200", "legs": ["L"], "outcome": "passed", "ms": 1.0}}}))
+    for name, now in (("plain", [_bench("t", now_ms)]), ("spread", [_timed("t", now_ms, 0.001)])):
+        comparison = compare(load_results([_run(tmp_path, name, now)]), read_baseline(path))
+        assert [f.kind for f in comparison.regressions] == (["slower"] if regressed else [])
+        if regressed:
+            assert comparison.regressions[0].noise_pct == pytest.approx(300 * math.hypot(0.02, 0.02 * now_ms), rel=0.05)
+
+
+def test_host_bound_and_cpu_baseline_slowdowns_never_regress(tmp_path):
+    """On a GPU run, a host-bound call (its figure is the host's launch cost) and a case on the CPU
+    (a CPU baseline timed on the GPU host) that got slower, even far beyond noise and threshold,
+    are listed apart and leave the verdict PASSED; a kernel's own slowdown beside them still counts."""
+    from harness.report import markdown_summary, render_html, summarize, text_summary
+
+    before = [_timed("launch", 0.041, 0.001, bound="host"), _timed("cpu_pack", 0.57, 0.005, device="cpu"),
+              _timed("cpu_wall", 0.33, 0.005, device=None, bound="cpu"), _timed("kernel", 1.0, 0.005, bound="device")]
+    after = [_timed("launch", 0.110, 0.001, bound="host"), _timed("cpu_pack", 0.68, 0.005, device="cpu"),
+             _timed("cpu_wall", 0.40, 0.005, device=None, bound="cpu"), _timed("kernel", 1.0, 0.005, bound="device")]
+    results = load_results([_run(tmp_path, "b", after)])
+    comparison = compare(results, make_baseline(load_results([_run(tmp_path, "a", before)])), source="h200.json")
+    assert comparison.regressions == [] and comparison.suspects() == []
+    assert [(f.case, f.category) for f in comparison.host_bound] == [("launch", "host-bound")]
+    assert sorted((f.case, f.category) for f in comparison.cpu_baselines) == [
+        ("cpu_pack", "cpu baseline"), ("cpu_wall", "cpu baseline")]
+    summary = summarize(results, comparison)
+    assert summary.verdict == "PASSED"
+    text = text_summary(summary)
+    assert "regressions vs h200.json (threshold 10%): none" in text
+    assert "not counted, host-bound (the host's launch cost): 1" in text
+    assert "not counted, CPU baselines timed on the GPU host: 2" in text
+    assert "1 host-bound (the host's launch cost); 2 CPU baselines" in markdown_summary(summary)
+    html = render_html(summary)
+    section = html[html.index('id="timing-host-bound"'):]
+    assert "<td class=\"t\">launch</td>" in section[:section.index("</details>")]
+    assert 'id="timing-cpu-baselines"' in html
+
+    # the same slowdowns with the kernel's own figure slower too: only the kernel counts
+    after[3] = _timed("kernel", 1.3, 0.005, bound="device")
+    comparison = compare(load_results([_run(tmp_path, "c", after)]),
+                         make_baseline(load_results([_run(tmp_path, "a", before)])))
+    assert [(f.kind, f.case) for f in comparison.regressions] == [("slower", "kernel")]
+
+
+def test_cpu_cases_of_an_interpreter_run_are_no_cpu_baselines(tmp_path):
+    """Without a GPU every case runs on the CPU: they are the kernels' own figures there."""
+    base = make_baseline(load_results([_run(tmp_path, "a", [_timed("t", 1.0, 0.001, device="cpu", bound="cpu")],
+                                            mode="interpreter", leg="cpu")]))
+    now = load_results([_run(tmp_path, "b", [_timed("t", 1.5, 0.001, device="cpu", bound="cpu")],
+                             mode="interpreter", leg="cpu")])
+    assert [f.category for f in compare(now, base).regressions] == ["kernel"]
+
+
+def _bench_and_rerun(tmp_path, first, rerun):
+    """A gpu_verify benchmark directory and, given ``rerun``, its confirmation re-run beside it."""
+    dirs = [_run(tmp_path, "gpu_verify-L-bench", first)]
+    if rerun is not None:
+        dirs.append(_run(tmp_path, "gpu_verify-L-bench-confirm", rerun))
+    return load_results(dirs)
+
+
+def test_a_suspected_slowdown_that_does_not_repeat_is_unconfirmed(tmp_path):
+    from harness.report import summarize
+
+    base = make_baseline(load_results([_run(tmp_path, "a", [_timed("noisy", 1.0, 0.005), _timed("real", 1.0, 0.005),
+                                                            _timed("steady", 1.0, 0.005)])]))
+    first = [_timed("noisy", 1.2, 0.005), _timed("real", 1.3, 0.005), _timed("steady", 1.0, 0.005)]
+    results = _bench_and_rerun(tmp_path, first, [_timed("noisy", 1.01, 0.005), _timed("real", 1.29, 0.005)])
+    assert len(results.runs) == 1 and [r.label for r in results.confirmations] == ["L (re-run)"]
+    assert len(results.runs[0].records) == 3  # the re-run is no column and adds no record
+    comparison = compare(results, base)
+    (unconfirmed,) = comparison.unconfirmed
+    assert (unconfirmed.case, unconfirmed.confirmed) == ("noisy", False)
+    assert "not repeated by its re-run (+1.0%" in unconfirmed.note
+    (confirmed,) = comparison.regressions
+    assert (confirmed.case, confirmed.confirmed, confirmed.change_pct) == ("real", True, pytest.approx(30.0))
+    assert comparison.confirmed == [confirmed] and comparison.suspects() == []
+    assert comparison.reruns == ["L (re-run)"]
+    assert summarize(results, comparison).verdict == "REGRESSED"
+
+    # the re-run repeats nothing: no regression is left, the verdict does not regress
+    results = _bench_and_rerun(tmp_path / "2", first, [_timed("noisy", 1.0, 0.005), _timed("real", 1.02, 0.005)])
+    comparison = compare(results, base)
+    assert comparison.regressions == [] and {f.case for f in comparison.unconfirmed} == {"noisy", "real"}
+    assert summarize(results, comparison).verdict == "PASSED"
+
+
+def test_a_slowdown_without_a_rerun_figure_still_counts(tmp_path):
+    """No re-run (a report rendered by hand), or a re-run that lost the case: the slowdown is
+    unsettled and counts, as it did before re-runs existed."""
+    base = make_baseline(load_results([_run(tmp_path, "a", [_timed("t", 1.0, 0.005), _timed("u", 1.0, 0.005)])]))
+    first = [_timed("t", 1.3, 0.005), _timed("u", 1.3, 0.005)]
+    for rerun, note in ((None, None), ([_timed("u", 1.0, 0.005, outcome="crashed")], "its re-run has no figure")):
+        comparison = compare(_bench_and_rerun(tmp_path / str(note), first, rerun), base)
+        t = next(f for f in comparison.regressions if f.case == "t")
+        assert t.confirmed is None and (note is None or note in t.note)
+        assert {f.case for f in comparison.regressions} == {"t", "u"}
+
+
+def test_suspects_command_prints_the_cases_to_rerun(tmp_path, capsys):
+    from harness.report.cli import main
+
+    base_path = tmp_path / "base.json"
+    write_baseline(base_path, load_results([_run(tmp_path, "a", [
+        _timed("kernel", 1.0, 0.005), _timed("noisy", 1.0, 0.2), _timed("launch", 0.04, 0.001, bound="host"),
+        _timed("steady", 1.0, 0.005)])]))
+    bench = _run(tmp_path, "gpu_verify-L-bench", [
+        _timed("kernel", 1.3, 0.005), _timed("noisy", 1.3, 0.2), _timed("launch", 0.11, 0.001, bound="host"),
+        _timed("steady", 1.0, 0.005)])
+    assert main(["suspects", str(bench), "--baseline", str(base_path)]) == 0
+    assert capsys.readouterr().out == "suites/test_bench_x.py::kernel\n"
+
+
+def test_the_pipeline_reruns_only_the_suspects_beside_the_results(tmp_path, monkeypatch):
+    from harness.run import commands, pipeline
+
+    steps = commands.plan("gpu_verify", python="py", leg="L", gpus=["0"], reports_dir=str(tmp_path), timeout=None)
+    bench = steps[-1]
+    ran = []
+    monkeypatch.setattr(pipeline, "_run", lambda name, argv, env, timings, ok=(0,): ran.append((name, argv, ok)) or 0)
+    monkeypatch.setattr(pipeline, "suspected_slowdowns", lambda results_dir, baseline, python: (
+        ["suites/test_bench_x.py::kernel[a]", "suites/test_bench_x.py::kernel[b]"] if baseline else []))
+    assert pipeline.confirm_slowdowns(steps, [], "base.json", []) is None  # no GPU: nothing at all
+    assert pipeline.confirm_slowdowns(steps, ["0"], None, []) is None  # no baseline: nothing to confirm
+    assert pipeline.confirm_slowdowns(steps[:1], ["0"], "base.json", []) is None  # no benchmarks
+    assert ran == []
+    out = pipeline.confirm_slowdowns(steps, ["0"], "base.json", [])
+    assert out == bench.results_dir + "-confirm"
+    ((name, argv, ok),) = ran
+    assert name == "confirm" and ok == (0, 1)
+    assert argv[argv.index("--results-dir") + 1] == out and "suites" not in argv
+    assert argv[:3] == bench.argv[:3] and argv[3:5] == ["suites/test_bench_x.py::kernel[a]",
+                                                         "suites/test_bench_x.py::kernel[b]"]
+    assert argv[5:] == [a if a != bench.results_dir else out for a in bench.argv[4:]]
+
+
+def test_confirmation_reruns_stay_out_of_the_history(tmp_path, private_history):
+    from harness import history
+    from harness.run.pipeline import record_history
+
+    first = str(_run(tmp_path, "gpu_verify-L-bench", [_timed("t", 1.3, 0.005)]))
+    rerun = str(_run(tmp_path, "gpu_verify-L-bench-confirm", [_timed("t", 1.0, 0.005)]))
+    assert len(record_history([first, rerun], private_history)) == 1
+    assert [r["run_id"].split("@")[1] for r in history.runs(private_history)] == ["gpu_verify-L-bench"]

@@ -80,16 +80,19 @@ def test_module_entry_point(tmp_path):
 def test_pipeline_steps_and_wall_time_go_into_the_report(tmp_path):
     run_dir = _passing_run(tmp_path)
     steps = tmp_path / "gpu_verify-steps.json"
-    steps.write_text(json.dumps({"kind": "gpu_verify", "wall_s": 226.44, "gpus": ["0", "1"], "steps": [
+    steps.write_text(json.dumps({"kind": "gpu_verify", "leg": "L", "wall_s": 226.44, "gpus": ["0", "1"], "steps": [
         {"step": "suites", "rc": 0, "ok": True, "seconds": 26.93, "argv": []},
         {"step": "benchmarks", "rc": 1, "ok": False, "seconds": 190.2, "argv": []}]}))
     out = tmp_path / "page.html"
     assert main(["report", str(run_dir), "-o", str(out), "--steps", str(steps)]) == 0
     html = out.read_text(encoding="utf-8")
-    assert "pipeline <b>gpu_verify</b>" in html and "suites 26.9 s" in html
-    assert "benchmarks 190.2 s (exit 1)" in html and "wall time <b>226.4 s</b> on 2 GPUs" in html
+    assert "pipeline <b>gpu_verify</b> (leg L)" in html and "suites 26.9 s" in html
+    assert "benchmarks 190.2 s (exit 1)" in html and "· 226.4 s on 2 GPUs" in html
+    # the steps file is the last leg's pipeline; the run's wall time comes from its run directories
+    assert "wall time <b>7m 12s</b> (first start to last end of the runs read)" in html
     markdown = out.with_suffix(".md").read_text(encoding="utf-8")
-    assert "pipeline gpu\\_verify: suites 26.9 s · benchmarks 190.2 s (exit 1) · wall time **226.4 s**" in markdown
+    assert "pipeline gpu\\_verify (leg L): suites 26.9 s · benchmarks 190.2 s (exit 1) · 226.4 s" in markdown
+    assert "wall time **7m 12s** from the first start to the last end of 1 run directory" in markdown
 
 
 @pytest.mark.parametrize("content", [None, "{not json", json.dumps({"steps": "nope"}), json.dumps([1, 2])])
@@ -125,3 +128,17 @@ def test_fail_on_regressions_fails_a_run_not_read_whole(tmp_path):
         fh.write('{"suite": "affine", "case": "test_b", "outcome": "fai\n')
     assert main(["summarize", str(run), "--fail-on", "failures"]) == 0
     assert main(["summarize", str(run), "--fail-on", "regressions"]) == 1
+
+
+def test_the_report_reads_the_history_it_is_given_and_never_creates_one(tmp_path, private_history):
+    run_dir = _passing_run(tmp_path)
+    out = tmp_path / "page.html"
+    assert main(["report", str(run_dir), "-o", str(out)]) == 0  # default: $KVH_HISTORY
+    assert f"No trend chart: no run history at {private_history}</p>" in out.read_text(encoding="utf-8")
+    assert not private_history.exists()
+    assert main(["report", str(run_dir), "-o", str(out), "--no-history"]) == 0
+    assert "No trend chart: no run history given" in out.read_text(encoding="utf-8")
+    broken = tmp_path / "broken.sqlite"
+    broken.write_bytes(b"garbage " * 300)
+    assert main(["report", str(run_dir), "-o", str(out), "--history", str(broken)]) == 0
+    assert "not a readable SQLite database" in out.read_text(encoding="utf-8")

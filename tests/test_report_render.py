@@ -7,6 +7,7 @@ import re
 import xml.etree.ElementTree as ET
 from html.parser import HTMLParser
 
+import pytest
 from synthetic import HOSTILE, env_for, rec, write_run
 
 from harness.report import load_results, render_html, summarize
@@ -103,16 +104,18 @@ def test_empty_run_and_no_input_render(tmp_path):
         assert not EXTERNAL.search(html)
 
 
-def test_case_tables_show_only_columns_with_values(tmp_path):
-    run_dir = write_run(tmp_path / "r", [rec("bits", "test_a", metrics={"states_checked": 7}),
+def test_case_tables_show_one_figure_per_cell_and_fold_the_rest(tmp_path):
+    run_dir = write_run(tmp_path / "r", [rec("bits", "test_a", metrics={"states_checked": 7, "seed": 3}),
                                          rec("bits", "test_b", "failed", message="E   boom\nE   second")],
                         leg="L", env=env_for("L", "interpreter"))
     html = render_html(summarize(load_results([run_dir])))
     table = html[html.index('id="c0-0"'):]
     table = table[: table.index("</table>")]
-    assert "checked" in table and "max abs err" not in table and "speedup" not in table
+    assert "max abs err" not in table and "speedup" not in table and "<th>device</th>" not in table
     assert table.index("test_b") < table.index("test_a")  # not passing first
-    assert "<summary>boom</summary>" in table
+    assert '<span class="fig">7 checked</span>' in table
+    assert "<summary>boom</summary>" in table and "<summary>figures</summary>" in table
+    assert '<span class="mono">checked=7, seed=3.00</span>' in table  # folded under "figures"
 
 
 def test_environment_shows_where_the_time_went(tmp_path):
@@ -228,3 +231,115 @@ def test_error_axis_leaves_errors_below_the_floor_at_its_edge():
     low, high = error_axis_limits([1e-157, 0.0, 2e-4, 3e-3, float("nan"), float("inf")])
     assert ERROR_FLOOR / 3 <= low <= 2e-4 / 30 and abs(high - 3e-3 * 30) < 1e-12
     assert error_axis_limits([]) == (1e-8 / 30, 30.0)
+
+
+def _section(html: str, section: str) -> str:
+    start = html.index(f'<section id="{section}">')
+    return html[start: html.index("</section>", start)]
+
+
+def _suite_block(html: str, name: str) -> str:
+    """The block of one suite in the Suites section, from its heading to the next suite's."""
+    suites = _section(html, "suites")
+    start = suites.index(f">{name}</h3>")
+    end = suites.find("<h3 ", start)
+    return suites[start: end if end > 0 else None]
+
+
+def test_suites_list_each_case_once_with_one_cell_per_leg(rendered):
+    block = _suite_block(rendered["html"], "suites/decode")
+    cases = block[block.index('<table class="cases">'):]
+    rows = re.findall(r"<tr><td class=\"t case\">(.*?)</td>", cases)
+    assert len(rows) == len(set(rows)) == 9  # 4 interpreter cases, 5 GPU cases (S257 failed on one leg)
+    assert rows[0] in ("test_decode_matches_fp64[cuda:0-S257]", "test_decode_long_context[S1048576]")  # not passing first
+    assert cases.count('<td class="lc">') == 9 * 3 and cases.count("<details>") == 9
+    assert re.search(r'<th class="leg" id="c\d+-0"><a class="self" href="#c\d+-0">cpu-interpreter</a>', cases)
+    assert "15.5\N{MULTIPLICATION SIGN} tol" in cases  # the failed case's error against its tolerance
+    bad_input = _suite_block(rendered["html"], "suites/bad_input")
+    legs = bad_input[bad_input.index('<table class="legs">'): bad_input.index("</table>")]
+    assert "passed" in legs and "worst abs" not in legs and "bit errors" not in legs  # no empty columns
+
+
+def test_the_banner_gives_the_run_s_wall_time_and_the_case_nearest_its_tolerance(rendered):
+    banner = rendered["html"][rendered["html"].index('<header class="banner'): rendered["html"].index("<nav>")]
+    text = re.sub(r"\s+", " ", "".join(Page(banner).text))
+    assert "wall time 7m 12s (first start to last end of the runs read)" in text
+    assert ("worst error 15.5\N{MULTIPLICATION SIGN} its tolerance: suites/decode::test_decode_matches_fp64"
+            "[cuda:0-S257] [triton/splitk] on torch2.10-triton3.5 (of 27 cases with a tolerance)") in text
+    assert "worst abs" not in text
+
+
+def test_long_environment_values_are_folded_and_the_tables_wrap(tmp_path):
+    from harness.report.render import ENV_FOLD
+
+    args = ["suites", "-k", "x" * 400]
+    run_dir = write_run(tmp_path / "r", [rec("bits", "test_a", "failed", message="E   " + "y" * 500)], leg="L",
+                        env=env_for("L", "gpu"))
+    manifest = run_dir / "manifest.json"
+    manifest.write_text(manifest.read_text().replace('"args": [', '"args": [' + ", ".join(f'"{a}"' for a in args) + ", "))
+    html = render_html(summarize(load_results([run_dir])))
+    env = _section(html, "environment")
+    assert '<table class="env">' in env and '<col class="name">' in env
+    folded = re.search(r"<details><summary>([^<]*)</summary>([^<]*)</details>", env)
+    assert folded and len(folded.group(1)) == ENV_FOLD // 2 and "x" * 400 in folded.group(2)
+    assert '<table class="failing">' in _section(html, "failing")
+    for rule in ("table.failing, table.env { table-layout: fixed; width: 100%; }",
+                 "table.failing td, table.env td { white-space: normal; overflow-wrap: anywhere; }"):
+        assert rule in html
+
+
+def test_change_points_leave_the_band_of_the_runs_before():
+    from harness.report.charts import BAND_FLOOR, change_points, noise_band, run_bands
+
+    assert noise_band([1.0, 1.0]) is None  # too few runs for a band
+    low, high = noise_band([1.0, 1.0, 1.0])
+    assert (low, high) == pytest.approx((1 - BAND_FLOOR, 1 + BAND_FLOOR))  # no spread: the floor
+    values = [1.0, 1.02, 0.98, 1.01, 1.5, 1.52, None, 0.99]
+    assert change_points(values) == [4, 5]
+    assert run_bands(values)[3] is not None and run_bands(values)[2] is None
+    noisy = [1.0, 1.4, 0.7, 1.2, 0.8, 1.45]  # wide spread: a wide band, nothing flagged
+    assert change_points(noisy) == []
+
+
+def test_trend_charts_draw_the_history_with_this_run_last(rendered):
+    html = rendered["html"]
+    charts = _section(html, "charts")
+    titles = re.findall(r'<figure class="chart chart-trend"><div class="ftitle">([^<]*)</div>', charts)
+    assert titles == ["suites/bench_decode: ms over the last 7 runs (torch2.11-triton3.6, NVIDIA H200)",
+                      "suites/bench_int8: ms over the last 7 runs (torch2.11-triton3.6, NVIDIA H200)"]
+    assert "Not drawn: cpu-interpreter: 0 run(s)" in charts  # no history of the other legs
+    svgs = [base64.b64decode(uri).decode() for uri in
+            re.findall(r'class="chart chart-trend">.*?src="data:image/svg\+xml;base64,([^"]+)"', charts)]
+    assert all(label in svgs[0] for label in ("0000000", "5555555", "this run", "change point", "noise band"))
+    assert "#cf222e" in svgs[0]  # change points drawn (the step at run 4)
+
+
+def _trend_note(html: str) -> str:
+    return re.search(r'<p class="note" id="charts-trend">No trend chart: ([^<]*)</p>', html).group(1)
+
+
+def test_no_trend_chart_and_one_line_why_when_the_history_cannot_serve(tmp_path, legs):
+    import sqlite3
+
+    from synthetic import write_history
+
+    summary = summarize(load_results([legs[0]]))
+    missing = tmp_path / "nowhere" / "h.sqlite"
+    assert _trend_note(render_html(summary, history=missing)) == f"no run history at {missing}"
+    assert not missing.parent.exists()
+    assert "no run history given" in _trend_note(render_html(summary))
+    one = tmp_path / "one.sqlite"
+    write_history(one, tmp_path / "one", runs=1, leg="other-leg")
+    write_history(one, tmp_path / "two", runs=1)  # one earlier run + this run = 2 runs: drawn
+    assert 'class="chart chart-trend"' in render_html(summary, history=one)
+    assert "fewer than 2 runs to draw" in _trend_note(render_html(summary, history=one, trend_runs=1))
+    corrupt = tmp_path / "corrupt.sqlite"
+    corrupt.write_bytes(b"not a database " * 200)
+    assert "not a readable SQLite database" in _trend_note(render_html(summary, history=corrupt))
+    locked = tmp_path / "locked.sqlite"
+    write_history(locked, tmp_path / "locked")
+    with sqlite3.connect(locked, isolation_level=None) as holder:
+        holder.execute("PRAGMA journal_mode=DELETE")
+        holder.execute("BEGIN EXCLUSIVE")
+        assert "locked" in _trend_note(render_html(summary, history=locked))
+        holder.execute("ROLLBACK")

@@ -105,3 +105,62 @@ def test_a_baseline_timed_beside_the_kernels_is_no_check_of_them(tmp_path):
     ])
     assert (summary.stats.checked, summary.stats.bit_errors, summary.stats.max_abs_err) == (100, 0, 1e-3)
     assert summary.stats.total == 2 and summary.verdict == "PASSED"
+
+
+def test_the_headline_error_is_the_case_nearest_its_tolerance(tmp_path):
+    """A group of huge values reconstructed within its bound has a huge absolute error and is no
+    news; the case that went past its tolerance is, named with its leg."""
+    from harness.report.summary import tolerance_ratio
+
+    huge = rec("affine", "test_kinds[huge]", backend="torch", variant="huge",
+               metrics={"max_abs_err": 5.02e29, "max_rel_err": 1.0, "err_to_tol": 0.97})
+    over = rec("decode", "test_decode[S257]", "failed", backend="triton", variant="splitk",
+               metrics={"max_abs_err": 3.1e-2, "tolerance": 2e-3})
+    plain = rec("decode", "test_decode[S1]", metrics={"max_abs_err": 1e-5})  # no tolerance: not rated
+    compiled = rec("bench_int8", "compiled", metrics={"max_abs_err": 9.0, "tolerance": 1e-3, "reference": True})
+    summary = _summary(tmp_path, [huge, over, plain, compiled])
+    assert tolerance_ratio(huge) == 0.97 and tolerance_ratio(over) == pytest.approx(15.5)
+    assert tolerance_ratio(plain) is None
+    assert tolerance_ratio(rec("s", "t", metrics={"max_abs_err": 1.0, "tolerance": 0})) is None
+    figure = summary.closest_to_tolerance()
+    assert figure.ratio == pytest.approx(15.5) and figure.rated == 2  # the baseline timed beside them is no check
+    assert figure.where == "suites/decode::test_decode[S257] [triton/splitk] on L"
+    assert summary.suites[0].stats.worst_to_tol == 0.97  # suites/affine
+    nan = _summary(tmp_path / "nan", [over, rec("decode", "t_nan", metrics={"max_abs_err": "nan", "tolerance": 1.0})])
+    assert nan.closest_to_tolerance().record.case == "t_nan"  # NaN is the worst of all
+    assert _summary(tmp_path / "none", [plain]).closest_to_tolerance() is None
+
+
+def test_wall_time_spans_every_run_directory_read(tmp_path):
+    """Legs of one family run one after another: the run took from the first start to the last end,
+    not the last leg's time; a run cut short ends at its last record."""
+    import json
+
+    from synthetic import RECORD_TIME
+
+    def timed_run(name, started, finished, last_record):
+        run_dir = write_run(tmp_path / name, [rec("s", "t")], leg=name, env=env_for(name, "gpu"),
+                            complete=True if finished else None)
+        manifest = json.loads((run_dir / "manifest.json").read_text())
+        (run_dir / "manifest.json").write_text(json.dumps({**manifest, "started": started, "finished": finished}))
+        records = run_dir / "records.jsonl"
+        records.write_text(records.read_text().replace(RECORD_TIME, last_record))
+        return run_dir
+
+    dirs = [timed_run("a", "2026-01-01T10:00:00+00:00", "2026-01-01T10:09:00+00:00", "2026-01-01T10:08:00+00:00"),
+            timed_run("b", "2026-01-01T10:10:00", "2026-01-01T10:27:00", "2026-01-01T10:26:00")]  # no zone: UTC
+    assert summarize(load_results(dirs)).wall_s == 27 * 60
+    cut = timed_run("cut", "2026-01-01T10:28:00+00:00", None, "2026-01-01T10:40:00+00:00")
+    assert summarize(load_results([*dirs, cut])).wall_s == 40 * 60
+    assert summarize(load_results([tmp_path / "missing"])).wall_s is None
+
+
+def test_case_rows_put_each_case_once_with_one_cell_per_leg(legs):
+    summary = summarize(load_results([legs[0].parent]))
+    decode = next(s for s in summary.suites if s.name == "suites/decode")
+    rows = decode.case_rows()
+    assert len(rows) == len({r.case for cell in decode.present for r in cell.records})
+    assert rows[0].bad and all(len(row.legs) == len(decode.present) for row in rows)
+    gpu_row = next(row for row in rows if row.case == "test_decode_matches_fp64[cuda:0-S4096]")
+    assert [len(records) for records in gpu_row.legs] == [0, 1, 1]  # not on the interpreter leg
+    assert gpu_row.impl == "triton/splitk" and not gpu_row.bad

@@ -85,6 +85,41 @@ def test_non_finite_values_have_one_spelling_in_every_column(tmp_path):
         "ms": nan, "gbps": nan, "pct_of_peak": nan, "max_abs_err": nan, "speedup": {"base": nan}, "custom": nan})],
         leg="L", env=env_for("L", "gpu"))
     html = render_html(summarize(load_results([run_dir])))
-    cells = re.findall(r"<td[^>]*>([^<]*)</td>", html[html.index('id="c0-0"'):])
-    assert cells.count("NaN") >= 5 and "NaN base" in cells
-    assert not any(re.search(r"nan(%|\N{MULTIPLICATION SIGN})|\bnan\b", cell) for cell in cells)
+    suite = html[html.index('id="c0-0"'):]
+    assert '<span class="fig">NaN ms</span>' in suite  # the case's cell
+    (details,) = re.findall(r'<span class="mono">([^<]*)</span>', suite)  # its folded figures
+    figures = dict(item.split("=", 1) for item in details.split(", "))
+    assert {name: figures[name] for name in ("max abs err", "ms", "GB/s", "% peak", "speedup", "custom")} == {
+        "max abs err": "NaN", "ms": "NaN", "GB/s": "NaN", "% peak": "NaN", "speedup": "NaN base", "custom": "NaN"}
+    assert not any(re.search(r"nan(%|\N{MULTIPLICATION SIGN})|\bnan\b", value) for value in figures.values())
+
+
+def test_the_headline_names_the_case_nearest_its_tolerance_and_the_wall_time(legs):
+    summary = _summary(legs)
+    md = markdown_summary(summary)
+    where = "suites/decode::test\\_decode\\_matches\\_fp64\\[cuda:0-S257\\] \\[triton/splitk\\] on torch2.10-triton3.5"
+    assert (f"126M states/elements checked, 0 bit errors; worst error 15.5\N{MULTIPLICATION SIGN} its tolerance: "
+            f"{where} (of 27 cases with a tolerance).") in md
+    assert "worst abs error" not in md and "worst rel error" not in md
+    assert "wall time **7m 12s** from the first start to the last end of 3 run directories" in md
+    lines = text_summary(summary, width=200).splitlines()
+    assert lines[0].endswith("of test time, 7m 12s wall)")
+    assert lines[2:4] == ["  126M states/elements checked, 0 bit errors",
+                          "  worst error 15.5\N{MULTIPLICATION SIGN} its tolerance: suites/decode::test_decode_matches_fp64"
+                          "[cuda:0-S257] [triton/splitk] on torch2.10-triton3.5 (of 27 cases with a tolerance)"]
+
+
+def test_the_pipeline_line_names_its_leg_and_leaves_the_wall_time_to_the_runs(legs):
+    summary = _summary(legs)
+    summary.pipeline = {"kind": "gpu_verify", "leg": "torch2.11-triton3.6", "wall_s": 402.0, "gpus": ["0"],
+                        "steps": [{"step": "suites", "rc": 0, "ok": True, "seconds": 300.0}]}
+    md = markdown_summary(summary)
+    assert "pipeline gpu\\_verify (leg torch2.11-triton3.6): suites 300.0 s \N{MIDDLE DOT} 402.0 s" in md
+    assert "wall time **7m 12s**" in md and "wall time **402" not in md
+
+
+def test_a_ratio_to_the_tolerance_never_reads_1_unless_it_is_at_the_limit():
+    from harness.report.fmt import fmt_ratio
+
+    assert [fmt_ratio(v) for v in (0.99999, 1.0, 1.0001, 3.1e-2 / 2e-3, 0.0370, 0.0, "nan")] == [
+        "0.999", "1.00", "1.01", "15.5", "0.0370", "0", "NaN"]

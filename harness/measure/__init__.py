@@ -1,7 +1,8 @@
 """Measuring: figures a run records about speed and cost. Imports nothing else of the harness.
 
-- ``timing``: kernel medians (``do_bench``, CUDA-graph replay), the copy and write bandwidth
-  ceilings, ``bandwidth_metrics``.
+- ``timing``: kernel timings with their repeats' spread (``do_bench``, CUDA-graph replay), whether
+  a call is bound by the host or the device, the copy and write bandwidth ceilings,
+  ``bandwidth_metrics``.
 - ``read_floor``: the time one kernel takes to only read a given number of bytes.
 - ``sass``: the static instruction budget of compiled Triton kernels, with no GPU
   (``python -m harness.measure.sass``).

@@ -1,30 +1,76 @@
-"""Timing on the GPU: medians from ``triton.testing.do_bench`` and the copy-bandwidth ceiling.
+"""Timing on the GPU: per-repeat times from ``triton.testing.do_bench`` (kept as a distribution),
+whether a call is bound by the host or the device, and the copy-bandwidth ceiling.
 
 Bandwidth is always computed from the fewest bytes an operation must move (each
 input read once, each output written once); the ceiling is a device-to-device
 copy measured in the same process, counting bytes read plus bytes written.
+
+A timed call keeps its repeats' distribution (:class:`Timing`): a benchmark records the median
+as ``ms`` and the spread beside it (``ms_n``, ``ms_min``, ``ms_iqr``, ``ms_mad``,
+:meth:`Timing.metrics`), which the regression check weighs a change against. ``bound_metrics``
+says whether the figure is the device's time or the host's cost of issuing the call.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import statistics
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 from functools import cache
 
 import torch
 
 COPY_BYTES = 2 * 2**30  # source size for the ceiling: far larger than any L2
 ROTATE_BYTES = 192 << 20  # bytes read across one replay's calls: several times an H200's 60 MB L2
+# A call is host-bound when issuing it costs the host at least this share of the device's time
+# for it: from there on the host's speed (and its jitter) shows in the figure.
+HOST_BOUND_RATIO = 0.8
+ISSUE_CALLS = 32  # back-to-back calls timed on the host: few enough never to fill the launch queue
+PROFILED_CALLS = 8  # calls whose device activity the profiler sums
 
 
-def median_ms(fn: Callable[[], object], *, warmup_ms: float = 25, rep_ms: float = 100) -> float:
-    """Median time of ``fn`` in ms: CUDA events on a GPU, wall clock on CPU."""
-    if torch.cuda.is_available():
-        import triton.testing
+@dataclass(frozen=True)
+class Timing:
+    """The repeats of one timed call, in ms: how many, their median, the fastest, the
+    interquartile range and the median absolute deviation from the median."""
 
-        return float(triton.testing.do_bench(fn, warmup=warmup_ms, rep=rep_ms, return_mode="median"))
-    import statistics
-    import time
+    n: int
+    median: float
+    min: float
+    iqr: float
+    mad: float
 
+    @classmethod
+    def of(cls, samples: Iterable[float]) -> Timing:
+        xs = sorted(float(x) for x in samples)
+        if not xs:
+            raise ValueError("a timing needs at least one sample")
+        median = statistics.median(xs)
+        q1, _, q3 = statistics.quantiles(xs, n=4, method="inclusive") if len(xs) > 1 else (xs[0],) * 3
+        return cls(len(xs), median, xs[0], q3 - q1, statistics.median(abs(x - median) for x in xs))
+
+    def scaled(self, factor: float) -> Timing:
+        """The same repeats in other units (per call of a pass over several calls, say)."""
+        return Timing(self.n, self.median * factor, self.min * factor, self.iqr * factor, self.mad * factor)
+
+    def plus(self, other: Timing) -> Timing:
+        """Two calls made one after the other (a quantize, then its dequantize): medians and minima
+        add; so do the spreads, as if the two varied together (at most that for independent parts)."""
+        return Timing(min(self.n, other.n), self.median + other.median, self.min + other.min,
+                      self.iqr + other.iqr, self.mad + other.mad)
+
+    def metrics(self, name: str = "ms") -> dict:
+        """The spread as record metrics beside the median ``name`` (``ms_n``, ``ms_min``, ...)."""
+        return {f"{name}_n": self.n, f"{name}_min": self.min, f"{name}_iqr": self.iqr, f"{name}_mad": self.mad}
+
+
+def _on_gpu(device=None) -> bool:
+    """Whether a call on ``device`` (None: wherever the harness times) is timed with CUDA events."""
+    return torch.cuda.is_available() and (device is None or torch.device(device).type == "cuda")
+
+
+def _wall_clock_samples(fn: Callable[[], object], rep_ms: float) -> list[float]:
     fn()
     times = []
     deadline = time.perf_counter() + rep_ms / 1e3
@@ -32,16 +78,33 @@ def median_ms(fn: Callable[[], object], *, warmup_ms: float = 25, rep_ms: float 
         start = time.perf_counter()
         fn()
         times.append((time.perf_counter() - start) * 1e3)
-    return statistics.median(times)
+    return times
 
 
-def graph_replay_ms(calls, *, rep_ms: float = 20) -> float:
-    """Median ms of one call, the calls being ``calls`` (a non-empty list of zero-argument
+def time_call(fn: Callable[[], object], *, warmup_ms: float = 25, rep_ms: float = 100, device=None) -> Timing:
+    """Every repeat of ``fn`` in ms: CUDA events on a GPU (``do_bench``, ``return_mode="all"``),
+    the wall clock on CPU. ``device="cpu"`` on a GPU host times a CPU baseline by the wall clock
+    too: CUDA events around host work would only time the host, with two event launches on top."""
+    if _on_gpu(device):
+        import triton.testing
+
+        return Timing.of(triton.testing.do_bench(fn, warmup=warmup_ms, rep=rep_ms, return_mode="all"))
+    return Timing.of(_wall_clock_samples(fn, rep_ms))
+
+
+def median_ms(fn: Callable[[], object], *, warmup_ms: float = 25, rep_ms: float = 100) -> float:
+    """Median time of ``fn`` in ms: CUDA events on a GPU, wall clock on CPU."""
+    return time_call(fn, warmup_ms=warmup_ms, rep_ms=rep_ms).median
+
+
+def graph_replay_timing(calls, *, rep_ms: float = 20) -> Timing:
+    """The ms of one call, the calls being ``calls`` (a non-empty list of zero-argument
     callables, typically one per rotated input set) run in order. On a GPU:
     ``triton.testing.do_bench_cudagraph`` of one pass over them, which captures as many passes as
-    fill ``rep_ms`` in one CUDA graph and replays it, so neither host launch gaps nor the graph's
-    own launch stay in the figure (each call's kernel launches do); with inputs rotated
-    (``rotations``) each call reads from DRAM. On CPU the passes run in a loop."""
+    fill ``rep_ms`` in one CUDA graph and replays it (its repeats are the replays), so neither
+    host launch gaps nor the graph's own launch stay in the figure (each call's kernel launches
+    do); with inputs rotated (``rotations``) each call reads from DRAM. On CPU the passes run in
+    a loop."""
     calls = list(calls)
     if not calls:
         raise ValueError("calls must hold at least one callable")
@@ -53,11 +116,75 @@ def graph_replay_ms(calls, *, rep_ms: float = 20) -> float:
             call()
 
     if not torch.cuda.is_available():
-        return median_ms(one_pass, rep_ms=50) / len(calls)
+        return time_call(one_pass, rep_ms=50).scaled(1 / len(calls))
     import triton.testing
 
     torch.cuda.synchronize()
-    return float(triton.testing.do_bench_cudagraph(one_pass, rep=rep_ms, return_mode="median")) / len(calls)
+    replays = triton.testing.do_bench_cudagraph(one_pass, rep=rep_ms, return_mode="all")
+    return Timing.of(replays).scaled(1 / len(calls))
+
+
+def graph_replay_ms(calls, *, rep_ms: float = 20) -> float:
+    """Median ms of one call of ``calls`` replayed in a CUDA graph (:func:`graph_replay_timing`)."""
+    return graph_replay_timing(calls, rep_ms=rep_ms).median
+
+
+def classify_bound(host_ms: float, device_ms: float) -> str:
+    """``"host"`` when the host's cost of a call is at least HOST_BOUND_RATIO of the device's
+    time for it, else ``"device"``."""
+    return "host" if host_ms >= HOST_BOUND_RATIO * device_ms else "device"
+
+
+def host_issue_ms(fn: Callable[[], object], calls: int = ISSUE_CALLS) -> float:
+    """The host's time to issue one call of ``fn``: the wall clock over ``calls`` calls back to
+    back with no synchronization between them, so the device's time is not in it, unless
+    ``fn`` itself waits for the device (a read-back)."""
+    torch.cuda.synchronize()
+    start = time.perf_counter()
+    for _ in range(calls):
+        fn()
+    elapsed = time.perf_counter() - start
+    torch.cuda.synchronize()
+    return elapsed * 1e3 / calls
+
+
+def device_busy_ms(fn: Callable[[], object], calls: int = PROFILED_CALLS) -> float | None:
+    """The device's busy time in one call of ``fn``: its kernels', copies' and fills' durations as
+    the profiler records them, averaged over ``calls`` calls; None when the profiler records none."""
+    try:
+        from torch.profiler import ProfilerActivity, profile
+
+        cuda = torch.autograd.DeviceType.CUDA
+        torch.cuda.synchronize()
+        with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+            for _ in range(calls):
+                fn()
+            torch.cuda.synchronize()
+        busy_us = sum(event.device_time_total for event in prof.events() if event.device_type == cuda)
+    except Exception:  # a profiler without CUPTI, or one another tool holds: no figure, not a failure
+        return None
+    return busy_us / 1e3 / calls if busy_us > 0 else None
+
+
+def bound_metrics(fn: Callable[[], object], figure_ms: float, *, device=None) -> dict:
+    """Whether the figure ``figure_ms`` of ``fn`` is bound by the host or the device: ``bound``
+    ("host", "device", or "cpu" for a call timed on the CPU alone), ``host_ms`` (the host's time
+    to issue one call) and, where it decides, ``busy_ms`` (the device's busy time per call).
+
+    The host issuing faster than HOST_BOUND_RATIO of the figure leaves the device paced by its own
+    work: "device". Otherwise the host issues slowly, or ``fn`` waits for the device (a read-back
+    makes the host's time the device's): the device's idle time inside the figure tells them
+    apart, host-bound when the device waits on the host at least HOST_BOUND_RATIO as long as it
+    works. Without a profiler's figure the host's time alone decides."""
+    if not _on_gpu(device):
+        return {"bound": "cpu"}
+    host = host_issue_ms(fn)
+    if classify_bound(host, figure_ms) == "device":
+        return {"bound": "device", "host_ms": host}
+    busy = device_busy_ms(fn)
+    if busy is None:
+        return {"bound": "host", "host_ms": host}
+    return {"bound": classify_bound(max(figure_ms - busy, 0.0), busy), "host_ms": host, "busy_ms": busy}
 
 
 def rotations(nbytes: int, limit: int = 16) -> int:

@@ -14,16 +14,35 @@ Format (``reports/baselines/<name>.json``)::
           "legs": [str, ...],                 # legs that contributed
           "outcome": "passed" | ...,          # worst outcome over those legs
           "ms": float, "gbps": float, "pct_of_peak": float,       # medians over legs
+          "ms_n": int, "ms_min": float, "ms_iqr": float, "ms_mad": float,  # the spread (optional)
+          "spread": "repeats" | "runs",       # of one run's repeats, or across runs (history)
+          "bound": "device" | "host" | "cpu", # what the figure was bound by (optional)
           "max_abs_err": float, "max_rel_err": float, "bit_errors": float,  # worst over legs
           "static": {"triton X.Y.Z": {"instructions_per_element": float, "registers": int, ...}}
         }, ...
       }
     }
 
-A record whose metrics say ``"reference": true`` is a reference measurement, a baseline a
-benchmark times beside the kernels (torch.compile, the INT8 C++ CPU baseline): its timing and error
-changes are listed as references moved, not as regressions of the kernels (a new failure still
-is one).
+A baseline written by ``harness.history.rolling_baseline`` has the same form: each case's
+median over the last runs of one leg and GPU, its spread across those runs.
+
+**Noise.** A timing changed when it moved by more than ``threshold_pct`` *and* by more than its
+noise: ``|now - baseline| > NOISE_K * sqrt(sigma_baseline**2 + sigma_now**2)``, each sigma the
+figure's robust standard deviation (1.4826 * ``ms_mad``, else ``ms_iqr`` / 1.349) and never less
+than NOISE_FLOOR_PCT of its median, which is all a figure without a recorded spread (an older
+baseline, a bandwidth) has. With both sigmas at the floor a change must pass about 9% (3 * 2% *
+sqrt(1 + 1.1**2) at +10%), so the 10% threshold decides alone for figures without a spread, as
+before the spread was kept.
+
+**Categories.** A slowdown of a kernel's own figure beyond threshold and noise is a suspected
+regression; where the pipeline re-ran the suspected cases (``ResultSet.confirmations``) it stays
+a regression only when the re-run is slower again beyond threshold and noise (``confirmed``),
+else it is listed as unconfirmed. Slowdowns within the noise, figures bound by the host's launch
+cost (``bound: "host"``) and CPU baselines (a case on the CPU in a GPU run) are listed apart and
+never count as regressions on their timing; a record whose metrics say ``"reference": true`` is
+a reference measurement, a baseline a benchmark times beside the kernels (torch.compile, the
+INT8 C++ CPU baseline): its timing and error changes are listed as references moved, not as
+regressions of the kernels (a new failure still is one, and so is a grown error of any case).
 
 The key leaves the leg out, so one baseline serves every version leg. When the
 result set mixes environments, each case keeps the figures of its preferred one
@@ -42,8 +61,15 @@ from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..records import BASELINE_FORMAT, OUTCOMES, Record, utc_now, write_json_atomic
-from .fmt import clean_text, to_float
+from ..records import (
+    BASELINE_FORMAT,
+    OUTCOME_SEVERITY,
+    OUTCOMES,
+    Record,
+    utc_now,
+    write_json_atomic,
+)
+from .fmt import clean_text, fmt_sig, fmt_signed_pct, to_float
 from .load import BAD_OUTCOMES, ResultSet, Run
 from .summary import ERROR_METRICS, is_reference, suite_name, worst
 
@@ -52,11 +78,18 @@ VERSION = 1
 DEFAULT_THRESHOLD_PCT = 10.0
 DEFAULT_ERROR_FACTOR = 2.0
 TIMING_METRICS = ("ms", "gbps", "pct_of_peak")
+SPREAD_METRICS = ("ms_n", "ms_min", "ms_iqr", "ms_mad")  # the repeats' spread around ms
+NOISE_K = 3.0  # a change must exceed this many combined robust standard deviations
+NOISE_FLOOR_PCT = 2.0  # the least noise a figure is taken to have, in % of its median
+MAD_TO_SIGMA = 1.4826  # median absolute deviation -> standard deviation of a normal distribution
+IQR_TO_SIGMA = 1 / 1.349  # interquartile range -> standard deviation of a normal distribution
+# What a timed case is, for the comparison of its timing (timing_category).
+KERNEL, HOST_BOUND, CPU_BASELINE, REFERENCE = "kernel", "host-bound", "cpu baseline", "reference"
 # Figures of a kernel's machine code (suites/test_sass_budget.py): the same on every machine for
 # one triton release, so compared per triton release in any environment, where timings are not.
 STATIC_METRICS = ("instructions_per_element", "loop_instructions", "registers", "stack_bytes")
 # Outcomes from least to most severe: a key's baseline outcome is its worst.
-_SEVERITY = {o: i for i, o in enumerate(("skipped", "passed", "failed", "error", "timeout", "crashed"))}
+_SEVERITY = {o: i for i, o in enumerate(OUTCOME_SEVERITY)}
 assert set(_SEVERITY) == set(OUTCOMES)
 
 
@@ -86,11 +119,27 @@ def _entry(records: list[tuple[Run, Record]]) -> dict:
         value = _median(r.metrics.get(name) for r in passed)
         if value is not None:
             entry[name] = value
+    entry.update(_spread_entry(passed))
     for name in (*ERROR_METRICS, "bit_errors"):
         value = worst(r.metrics.get(name) for r in passed)
         if value is not None:
             entry[name] = value if math.isfinite(value) else str(value)
     return entry
+
+
+def _spread_entry(passed: list[Record]) -> dict:
+    """The repeats' spread of a case (medians over its records) and the most common ``bound``."""
+    out: dict = {}
+    for name in SPREAD_METRICS:
+        value = _median(r.metrics.get(name) for r in passed)
+        if value is not None:
+            out[name] = value
+    if out:
+        out["spread"] = "repeats"
+    bounds = Counter(r.metrics.get("bound") for r in passed if isinstance(r.metrics.get("bound"), str))
+    if bounds:
+        out["bound"] = bounds.most_common(1)[0][0]
+    return out
 
 
 def codegen_key(run: Run) -> str:
@@ -182,10 +231,25 @@ class Finding:
     current: object
     change_pct: float | None = None
     note: str = ""
+    nodeid: str = ""
+    category: str = KERNEL  # of a timing: KERNEL, HOST_BOUND, CPU_BASELINE or REFERENCE
+    noise_pct: float | None = None  # of a timing: the change its noise accounts for, in %
+    confirmed: bool | None = None  # of a suspected slowdown: what its re-run said; None: not re-run
+
+    @property
+    def stands_out(self) -> bool:
+        """Whether a timing moved by more than its noise (no noise known: it did)."""
+        return self.noise_pct is None or self.change_pct is None or abs(self.change_pct) > self.noise_pct
 
 
 @dataclass
 class Comparison:
+    """What changed against a baseline. Only ``regressions`` count for the verdict; the other
+    lists are shown apart: ``unconfirmed`` (suspected kernel slowdowns their re-run did not
+    repeat), ``within_noise`` (kernel slowdowns over the threshold but inside the noise),
+    ``host_bound`` and ``cpu_baselines`` (timings of host-bound calls and of CPU baselines on a
+    GPU host), ``references`` (reference measurements that moved)."""
+
     source: str
     created: str | None
     threshold_pct: float
@@ -198,14 +262,30 @@ class Comparison:
     not_comparable: list[str] = field(default_factory=list)  # run labels: other mode or GPU
     references: list[Finding] = field(default_factory=list)  # timings / errors of reference measurements
     compared: int = 0
+    unconfirmed: list[Finding] = field(default_factory=list)
+    within_noise: list[Finding] = field(default_factory=list)
+    host_bound: list[Finding] = field(default_factory=list)
+    cpu_baselines: list[Finding] = field(default_factory=list)
+    noise_k: float = NOISE_K
+    noise_floor_pct: float = NOISE_FLOOR_PCT
+    reruns: list[str] = field(default_factory=list)  # labels of the confirmation re-runs weighed
 
     def kinds(self) -> Counter:
         return Counter(f.kind for f in self.regressions)
 
+    @property
+    def confirmed(self) -> list[Finding]:
+        """Slowdowns a confirmation re-run repeated."""
+        return [f for f in self.regressions if f.confirmed]
+
+    def suspects(self) -> list[Finding]:
+        """Kernel slowdowns beyond threshold and noise that no re-run has weighed yet."""
+        return [f for f in self.regressions if f.kind == "slower" and f.category == KERNEL and f.confirmed is None]
+
 
 def _finding(kind, key, run, record, metric, base, cur, change=None, note="") -> Finding:
     return Finding(kind, key, run.label, suite_name(record), record.case, record.backend,
-                   record.variant, metric, base, cur, change, note)
+                   record.variant, metric, base, cur, change, note, nodeid=record.nodeid)
 
 
 def _timing(value) -> float | None:
@@ -214,27 +294,80 @@ def _timing(value) -> float | None:
     return number if number is not None and math.isfinite(number) and number > 0 else None
 
 
-def _timing_finding(key, run, record, entry, threshold_pct) -> Finding | None:
-    """ms against the baseline's ms, else GB/s against its GB/s. A case whose baseline had a
-    time or bandwidth but that now has neither (NaN, 0 or none recorded) has lost its timing."""
-    base_ms, cur_ms = _timing(entry.get("ms")), _timing(record.metrics.get("ms"))
-    base_bw, cur_bw = _timing(entry.get("gbps")), _timing(record.metrics.get("gbps"))
+def _nonnegative(value) -> float | None:
+    number = to_float(value)
+    return number if number is not None and math.isfinite(number) and number >= 0 else None
+
+
+def robust_sigma(figures: dict, median: float, floor_pct: float = NOISE_FLOOR_PCT) -> float:
+    """The noise of a time as a standard deviation: from its repeats' ``ms_mad``, else their
+    ``ms_iqr``, never below ``floor_pct`` of ``median`` (all a figure without a spread has)."""
+    mad, iqr = _nonnegative(figures.get("ms_mad")), _nonnegative(figures.get("ms_iqr"))
+    spread = MAD_TO_SIGMA * mad if mad is not None else IQR_TO_SIGMA * iqr if iqr is not None else 0.0
+    return max(spread, floor_pct / 100.0 * median)
+
+
+def noise_pct(base: float, cur: float, base_sigma: float, cur_sigma: float, k: float = NOISE_K) -> float:
+    """The change, in % of ``base``, that k combined standard deviations of two figures account for."""
+    return 100.0 * k * math.hypot(base_sigma, cur_sigma) / base
+
+
+def timing_change(entry: dict, metrics: dict, *, k: float = NOISE_K,
+                  floor_pct: float = NOISE_FLOOR_PCT) -> tuple[str, float, float, float, float] | None:
+    """(metric, baseline, now, change %, noise %) of ms against the baseline's ms, else of GB/s
+    against its GB/s (a drop in bandwidth as the slowdown in time it means); None when the two
+    have no figure in common. The noise of a bandwidth is the floor (no spread is kept for it)."""
+    base_ms, cur_ms = _timing(entry.get("ms")), _timing(metrics.get("ms"))
     if base_ms and cur_ms:
-        metric, base, cur, change = "ms", base_ms, cur_ms, (cur_ms / base_ms - 1.0) * 100.0
-    elif base_bw and cur_bw:
-        metric, base, cur, change = "gbps", base_bw, cur_bw, (base_bw / cur_bw - 1.0) * 100.0
-    elif base_ms or base_bw:
+        noise = noise_pct(base_ms, cur_ms, robust_sigma(entry, base_ms, floor_pct),
+                          robust_sigma(metrics, cur_ms, floor_pct), k)
+        return "ms", base_ms, cur_ms, (cur_ms / base_ms - 1.0) * 100.0, noise
+    base_bw, cur_bw = _timing(entry.get("gbps")), _timing(metrics.get("gbps"))
+    if base_bw and cur_bw:
+        noise = noise_pct(1.0, 1.0, floor_pct / 100.0, floor_pct / 100.0, k)
+        return "gbps", base_bw, cur_bw, (base_bw / cur_bw - 1.0) * 100.0, noise
+    return None
+
+
+def _noise_note(change: float, noise: float) -> str:
+    where = "beyond" if abs(change) > noise else "within"
+    return f"{where} the noise (\N{PLUS-MINUS SIGN}{noise:.1f}%)"
+
+
+def _timing_finding(key, run, record, entry, threshold_pct, k=NOISE_K, floor_pct=NOISE_FLOOR_PCT) -> Finding | None:
+    """ms against the baseline's ms, else GB/s against its GB/s, over ``threshold_pct`` either way,
+    with the noise of the two figures. A case whose baseline had a time or bandwidth but that now
+    has neither (NaN, 0 or none recorded) has lost its timing."""
+    change = timing_change(entry, record.metrics, k=k, floor_pct=floor_pct)
+    if change is None:
+        base_ms, base_bw = _timing(entry.get("ms")), _timing(entry.get("gbps"))
+        if not (base_ms or base_bw):
+            return None
         metric = "ms" if base_ms else "gbps"
         now = record.metrics.get(metric)
         note = "none recorded now" if now is None else "no finite positive figure now"
         return _finding("timing lost", key, run, record, metric, base_ms or base_bw, now, None, note)
-    else:
+    metric, base, cur, pct, noise = change
+    if abs(pct) <= threshold_pct:
         return None
-    if change > threshold_pct:
-        return _finding("slower", key, run, record, metric, base, cur, change)
-    if change < -threshold_pct:
-        return _finding("faster", key, run, record, metric, base, cur, change)
-    return None
+    finding = _finding("slower" if pct > 0 else "faster", key, run, record, metric, base, cur, pct,
+                       _noise_note(pct, noise))
+    finding.noise_pct = noise
+    return finding
+
+
+def timing_category(run: Run, record: Record) -> str:
+    """What a timed case is: a reference measurement, a CPU baseline (a case on the CPU in a GPU
+    run: the host's CPU, not the kernels, is what it times), a host-bound call (``bound: "host"``:
+    its figure is the host's launch cost) or a kernel's own figure."""
+    if is_reference(record):
+        return REFERENCE
+    on_cpu = str(record.device or "").startswith("cpu") or record.metrics.get("bound") == "cpu"
+    if run.mode == "gpu" and on_cpu:
+        return CPU_BASELINE
+    if record.metrics.get("bound") == "host":
+        return HOST_BOUND
+    return KERNEL
 
 
 def _error_findings(key, run, record, entry, factor) -> list[Finding]:
@@ -278,6 +411,59 @@ def _static_findings(key, run, record, entry, threshold_pct) -> list[Finding]:
     return out
 
 
+def _reruns(results: ResultSet, run: Run) -> dict[str, Record] | None:
+    """The confirmation re-run's records of ``run`` by case key (its leg and environment), or None
+    when ``run`` has no re-run."""
+    mine = [r for r in results.confirmations if r.leg == run.leg and r.environment_key == run.environment_key]
+    if not mine:
+        return None
+    return {case_key(record): record for rerun in mine for record in rerun.records}
+
+
+def _confirm(finding: Finding, again: Record | None, entry: dict, threshold_pct: float, k: float,
+             floor_pct: float) -> None:
+    """Weigh a suspected slowdown against its re-run: confirmed when the re-run is slower again by
+    more than the threshold and the noise, unconfirmed when it is not; left unsettled (a
+    regression all the same) when the re-run has no figure for it."""
+    change = timing_change(entry, again.metrics, k=k, floor_pct=floor_pct) if again and again.outcome == "passed" else None
+    if change is None:
+        finding.note += "; its re-run has no figure"
+        return
+    _, _, cur, pct, noise = change
+    finding.confirmed = pct > threshold_pct and pct > noise
+    verb = "repeated" if finding.confirmed else "not repeated"
+    finding.note += f"; {verb} by its re-run ({fmt_signed_pct(pct)}, {fmt_sig(cur)} {finding.metric})"
+
+
+def _file_timing(comparison: Comparison, finding: Finding) -> None:
+    """Put a timing finding in its list: only a kernel's slowdown beyond threshold and noise that
+    its re-run did not contradict (and a lost timing) is a regression."""
+    if finding.category == CPU_BASELINE:
+        comparison.cpu_baselines.append(finding)
+    elif finding.category == HOST_BOUND:
+        comparison.host_bound.append(finding)
+    elif finding.kind == "faster":
+        if finding.stands_out:
+            comparison.improvements.append(finding)
+    elif finding.kind == "slower" and not finding.stands_out:
+        comparison.within_noise.append(finding)
+    elif finding.confirmed is False:
+        comparison.unconfirmed.append(finding)
+    else:
+        comparison.regressions.append(finding)
+
+
+_ORDER = {"new failure": 0, "timing lost": 1, "slower": 2, "static grew": 3, "error grew": 4}
+
+
+def _sort(comparison: Comparison) -> None:
+    comparison.regressions.sort(key=lambda f: (_ORDER[f.kind], -(f.change_pct or math.inf)))
+    comparison.improvements.sort(key=lambda f: f.change_pct or 0.0)
+    comparison.references.sort(key=lambda f: (f.change_pct is not None, -abs(f.change_pct or 0.0)))
+    for apart in (comparison.unconfirmed, comparison.within_noise, comparison.host_bound, comparison.cpu_baselines):
+        apart.sort(key=lambda f: (f.change_pct is not None, -(f.change_pct or 0.0)))
+
+
 def compare(
     results: ResultSet,
     baseline: dict,
@@ -285,8 +471,12 @@ def compare(
     source: str = "baseline",
     threshold_pct: float = DEFAULT_THRESHOLD_PCT,
     error_factor: float = DEFAULT_ERROR_FACTOR,
+    noise_k: float = NOISE_K,
+    noise_floor_pct: float = NOISE_FLOOR_PCT,
 ) -> Comparison:
-    """Flag slowdowns over ``threshold_pct``, lost timings, new failures and grown errors against ``baseline``."""
+    """Flag slowdowns over ``threshold_pct`` and the noise, lost timings, new failures and grown
+    errors against ``baseline``; weigh suspected slowdowns against their re-runs and list the
+    timings of host-bound calls, CPU baselines and reference measurements apart."""
     cases = baseline.get("cases", {})
     comparison = Comparison(
         source=clean_text(source),
@@ -294,6 +484,8 @@ def compare(
         threshold_pct=threshold_pct,
         error_factor=error_factor,
         environments=list((baseline.get("source") or {}).get("environments") or []),
+        noise_k=noise_k,
+        noise_floor_pct=noise_floor_pct,
     )
     seen: set[str] = set()
     new: set[str] = set()
@@ -301,6 +493,9 @@ def compare(
     for run in results.runs:
         if run.records and run.environment_key not in baseline_envs:
             comparison.not_comparable.append(run.label)
+        reruns = _reruns(results, run)
+        if reruns is not None:
+            comparison.reruns.append(f"{run.label} (re-run)")
         for record in run.records:
             key = case_key(record)
             entry = cases.get(key)
@@ -318,18 +513,83 @@ def compare(
                 (comparison.regressions if finding.kind == "static grew" else comparison.improvements).append(finding)
             if record.outcome != "passed" or entry.get("env") != run.environment_key:
                 continue
-            timing = _timing_finding(key, run, record, entry, threshold_pct)
+            timing = _timing_finding(key, run, record, entry, threshold_pct, noise_k, noise_floor_pct)
             errors = _error_findings(key, run, record, entry, error_factor)
-            if is_reference(record):
-                comparison.references.extend(f for f in (timing, *errors) if f is not None)
+            category = timing_category(run, record)
+            if category == REFERENCE:
+                for finding in (timing, *errors):
+                    if finding is not None:
+                        finding.category = REFERENCE
+                        comparison.references.append(finding)
                 continue
-            if timing is not None:
-                (comparison.improvements if timing.kind == "faster" else comparison.regressions).append(timing)
             comparison.regressions.extend(errors)
+            if timing is None:
+                continue
+            timing.category = category
+            if category == KERNEL and timing.kind == "slower" and timing.stands_out and reruns is not None:
+                _confirm(timing, reruns.get(key), entry, threshold_pct, noise_k, noise_floor_pct)
+            _file_timing(comparison, timing)
     comparison.new_cases = sorted(new)
     comparison.missing_cases = sorted(set(cases) - seen)
-    order = {"new failure": 0, "timing lost": 1, "slower": 2, "static grew": 3, "error grew": 4}
-    comparison.regressions.sort(key=lambda f: (order[f.kind], -(f.change_pct or math.inf)))
-    comparison.improvements.sort(key=lambda f: f.change_pct or 0.0)
-    comparison.references.sort(key=lambda f: (f.change_pct is not None, -abs(f.change_pct or 0.0)))
+    _sort(comparison)
     return comparison
+
+
+def merge_comparisons(parts: list[Comparison], *, source: str, not_comparable: list[str] = ()) -> Comparison:
+    """One comparison of several (at least one: each leg against its own baseline), made with the
+    same options: every list joined, a case new or missing when it is so for any part;
+    ``not_comparable``: runs no part compared."""
+    first = parts[0]
+    merged = Comparison(clean_text(source), None, first.threshold_pct, first.error_factor,
+                        sorted({env for part in parts for env in part.environments}),
+                        noise_k=first.noise_k, noise_floor_pct=first.noise_floor_pct)
+    for part in parts:
+        for name in ("regressions", "improvements", "references", "unconfirmed", "within_noise", "host_bound",
+                     "cpu_baselines", "not_comparable", "reruns"):
+            getattr(merged, name).extend(getattr(part, name))
+        merged.compared += part.compared
+    merged.new_cases = sorted({key for part in parts for key in part.new_cases})
+    merged.missing_cases = sorted({key for part in parts for key in part.missing_cases})
+    merged.not_comparable.extend(not_comparable)
+    _sort(merged)
+    return merged
+
+
+ROLLING_SPEC = "history"  # --baseline history[:N]: the rolling baseline of the run history
+DEFAULT_ROLLING_RUNS = 5
+
+
+def rolling_runs(spec: str) -> int | None:
+    """N of a ``history[:N]`` baseline spec (DEFAULT_ROLLING_RUNS for plain ``history``), None for
+    anything else (a baseline file); ValueError for an N that is no positive integer."""
+    name, _, count = spec.partition(":")
+    if name != ROLLING_SPEC:
+        return None
+    if not count:
+        return DEFAULT_ROLLING_RUNS
+    if not count.isdigit() or int(count) < 1:
+        raise ValueError(f"--baseline {spec}: expected history or history:N with N a positive integer")
+    return int(count)
+
+
+def compare_rolling(results: ResultSet, last: int, history_path, **options) -> Comparison:
+    """Each GPU leg of ``results`` against the rolling baseline of its own last ``last`` complete
+    runs on the same GPU model in the run history (harness.history.rolling_baseline); runs of
+    other modes are not compared. HistoryError when the history cannot be read."""
+    from .. import history
+
+    groups: dict[tuple[str, str], list[Run]] = {}
+    for run in results.runs:
+        if run.mode == "gpu" and run.gpu:
+            groups.setdefault((run.leg, run.gpu), []).append(run)
+    parts, counted = [], []
+    for (leg, gpu), runs in groups.items():
+        base = history.rolling_baseline(leg, gpu, last=last, path=history_path)
+        subset = ResultSet(runs, confirmations=[r for r in results.confirmations if r.leg == leg])
+        counted.append(f"{leg}: {len(base['source']['runs'])} runs read")
+        parts.append(compare(subset, base, source=f"history of {leg}", **options))
+    source = f"history, each case's last {last} runs ({'; '.join(counted) or 'no GPU leg'})"
+    if not parts:  # nothing to look up: every run is not comparable
+        return compare(results, {"cases": {}}, source=source, **options)
+    others = [run.label for run in results.runs if run.records and not (run.mode == "gpu" and run.gpu)]
+    return merge_comparisons(parts, source=source, not_comparable=others)

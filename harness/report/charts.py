@@ -3,7 +3,9 @@
 - speedup per variant and shape against each baseline (one chart per suite and baseline);
 - achieved bandwidth as % of the copy bandwidth measured in the same run (GB/s when no
   ceiling was measured, e.g. in interpreter mode);
-- the distribution of the worst absolute and relative errors per suite.
+- the distribution of the worst absolute and relative errors per suite;
+- trends: each benchmark case's time over the last runs of its leg and GPU in the run history
+  (harness.history), with its noise band and change points (:func:`change_points` says the rule).
 """
 
 from __future__ import annotations
@@ -11,20 +13,25 @@ from __future__ import annotations
 import base64
 import io
 import math
+import os
 import re
 import statistics
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from pathlib import Path
 
 import matplotlib
 
 matplotlib.use("Agg")
 from matplotlib.figure import Figure  # noqa: E402
+from matplotlib.lines import Line2D  # noqa: E402
+from matplotlib.patches import Patch  # noqa: E402
 from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter  # noqa: E402
 
+from .. import history  # noqa: E402
 from ..records import Record  # noqa: E402
 from .fmt import clean_text, fmt_sig, to_float  # noqa: E402
-from .load import BAD_OUTCOMES  # noqa: E402
-from .summary import Summary, suite_name  # noqa: E402
+from .load import BAD_OUTCOMES, Run  # noqa: E402
+from .summary import Summary, is_reference, suite_name  # noqa: E402
 
 PALETTE = ["#1f6feb", "#e36209", "#2da44e", "#8250df", "#cf222e", "#0598bc", "#bf8700", "#6e7781",
            "#d2a8ff", "#57ab5a"]
@@ -278,6 +285,15 @@ def error_axis_limits(values: list[float]) -> tuple[float, float]:
     return max(min(finite, default=1e-8) / 30, ERROR_FLOOR / 3), max(finite, default=1.0) * 30
 
 
+def error_legend() -> list[Line2D]:
+    """What the error chart's marks mean, as legend entries (drawn inside the figure)."""
+    def mark(marker, color, label):
+        return Line2D([], [], marker=marker, markersize=4, color=color, linestyle="none", label=label)
+
+    return [mark("o", "#1f6feb", "one case"), mark("o", "#cf222e", "a case that failed"),
+            mark("|", "#6e7781", "0 or below 1e-12 (left edge)"), mark("^", "#cf222e", "NaN/inf (right edge)")]
+
+
 def error_chart(summary: Summary) -> Chart | None:
     """Strip plot of max_abs_err and max_rel_err per suite (log scale; exact zeros and NaN marked)."""
     rows: dict[str, dict[str, list[tuple[float, bool]]]] = {}
@@ -316,8 +332,8 @@ def error_chart(summary: Summary) -> Chart | None:
                 ax.spines[side].set_visible(False)
         axes[0].set_yticks(range(len(suites)), labels=[clean_text(suite) for suite in suites])
         axes[0].set_ylim(len(suites) - 0.5, -0.5)
-        fig.text(0.01, -0.02, "dot: one case (red: failed) \N{MIDDLE DOT} bar at left: 0 or below 1e-12 "
-                 "\N{MIDDLE DOT} triangle at right: NaN/inf", fontsize=6.5, color="#424a53")
+        fig.legend(handles=error_legend(), loc="outside lower center", ncols=4, frameon=False, fontsize=6.5,
+                   handletextpad=0.3, columnspacing=1.2)
     return Chart("errors", "", "Worst errors per case", "max_abs_err and max_rel_err of every case that reports them",
                  figure_uri(fig), "strip plot of worst absolute and relative errors per suite")
 
@@ -329,3 +345,174 @@ def all_charts(summary: Summary) -> dict[str, list[Chart]]:
         "bandwidth": bandwidth_charts(summary),
         "errors": [errors] if errors else [],
     }
+
+
+# -- trends over the run history ---------------------------------------------------------------
+
+TREND_RUNS = 10  # runs of a leg drawn per case (the report's --trend-runs)
+TREND_METRIC = "ms"
+BAND_WINDOW = 5  # the runs before a run that make its noise band ...
+BAND_MIN_RUNS = 3  # ... at least this many, else it has no band and is no change point
+BAND_SPREADS = 3.0  # half-width of the band in robust standard deviations (1.4826 x MAD) ...
+BAND_FLOOR = 0.10  # ... and at least this fraction of the median: visits to one GPU model differ by up to 10%
+MAX_TREND_CASES = 12  # cases per chart; a suite with more gets several charts
+HISTORY_TIMEOUT_S = 2.0  # a history locked longer than this is left out of the report
+CHANGE_RULE = (f"the band is the median \N{PLUS-MINUS SIGN} max({BAND_SPREADS:g} robust SD, {BAND_FLOOR:.0%}) of "
+               f"the up to {BAND_WINDOW} runs before (at least {BAND_MIN_RUNS}); a run outside it is a change point")
+
+
+@dataclass
+class Trends:
+    """The trend charts and one line: what they show, or why there is none."""
+
+    charts: list[Chart] = field(default_factory=list)
+    note: str = ""
+
+
+def noise_band(values: list[float]) -> tuple[float, float] | None:
+    """(low, high): the median of ``values`` plus and minus the larger of BAND_SPREADS robust
+    standard deviations (1.4826 x the median absolute deviation) and BAND_FLOOR of the median;
+    None for fewer than BAND_MIN_RUNS values."""
+    if len(values) < BAND_MIN_RUNS:
+        return None
+    median = statistics.median(values)
+    mad = statistics.median(abs(v - median) for v in values)
+    half = max(BAND_SPREADS * 1.4826 * mad, BAND_FLOOR * abs(median))
+    return median - half, median + half
+
+
+def run_bands(values: list[float | None]) -> list[tuple[float, float] | None]:
+    """Each run's band: :func:`noise_band` of the up to BAND_WINDOW runs before it that have a value."""
+    bands = []
+    for index in range(len(values)):
+        before = [v for v in values[:index] if v is not None and math.isfinite(v)]
+        bands.append(noise_band(before[-BAND_WINDOW:]))
+    return bands
+
+
+def change_points(values: list[float | None]) -> list[int]:
+    """The runs whose value leaves the band of the runs before it (:func:`run_bands`): a run that
+    moved the case's time beyond the noise of its recent past."""
+    return [i for i, (value, band) in enumerate(zip(values, run_bands(values), strict=True))
+            if value is not None and band is not None and not band[0] <= value <= band[1]]
+
+
+def _trend_legend() -> list:
+    return [Line2D([], [], marker="o", markersize=3, color=PALETTE[0], label=f"{TREND_METRIC} per run"),
+            Patch(color=PALETTE[0], alpha=0.18, label="noise band of the runs before"),
+            Line2D([], [], marker="o", markersize=7, markerfacecolor="none", markeredgecolor="#cf222e",
+                   linestyle="none", label="change point")]
+
+
+def _draw_trend(ax, values: list[float | None]) -> None:
+    xs = range(len(values))
+    ys = [math.nan if v is None else v for v in values]
+    ax.plot(xs, ys, marker="o", markersize=3, color=PALETTE[0], linewidth=1.0)
+    for x, band in zip(xs, run_bands(values), strict=True):
+        if band is not None:
+            ax.fill_between([x - 0.45, x + 0.45], band[0], band[1], color=PALETTE[0], alpha=0.18, linewidth=0)
+    changes = change_points(values)
+    ax.plot(changes, [values[i] for i in changes], marker="o", markersize=7, markerfacecolor="none",
+            markeredgecolor="#cf222e", markeredgewidth=1.2, linestyle="none")
+    ax.grid(axis="y")
+    ax.set_axisbelow(True)
+    ax.tick_params(axis="y", labelsize=6.5)
+    for side in ("top", "right"):
+        ax.spines[side].set_visible(False)
+
+
+def trend_figure(labels: list[str], cases: list[tuple[str, list[float | None]]]) -> Figure:
+    """One row per case (title: the case), the runs along x labelled by ``labels`` (commits)."""
+    with matplotlib.rc_context(RC):
+        fig = Figure(figsize=(6.4, min(MAX_HEIGHT_IN, 0.75 + 0.95 * len(cases))), layout="constrained")
+        axes = fig.subplots(len(cases), 1, sharex=True, squeeze=False)[:, 0]
+        for ax, (name, values) in zip(axes, cases, strict=True):
+            _draw_trend(ax, values)
+            ax.set_title(clean_text(name, 90), loc="left", fontsize=7)
+            ax.set_ylabel(TREND_METRIC, fontsize=6.5)
+        axes[-1].set_xticks(range(len(labels)), labels=[clean_text(label, 12) for label in labels], fontsize=6.5)
+        axes[-1].set_xlim(-0.6, len(labels) - 0.4)
+        fig.legend(handles=_trend_legend(), loc="outside lower center", ncols=3, frameon=False, fontsize=6.5)
+        return fig
+
+
+def _case_name(record: Record) -> str:
+    """The case id, with its variant when the id does not already name it."""
+    if record.variant and record.variant not in record.case:
+        return f"{record.case} {record.variant}"
+    return record.case
+
+
+def _current_values(run: Run) -> dict[tuple[str, str | None], dict]:
+    """This run's benchmark cases (not the baselines timed beside them): (nodeid, variant) ->
+    {"suite", "name", "value"}, value the median time of its passed records (None if none passed)."""
+    found: dict[tuple[str, str | None], dict] = {}
+    for record in run.records:
+        if to_float(record.metrics.get(TREND_METRIC)) is None or is_reference(record):
+            continue
+        case = found.setdefault((record.nodeid, record.variant), {"suite": suite_name(record), "values": [],
+                                                                  "name": _case_name(record)})
+        value = to_float(record.metrics[TREND_METRIC])
+        if record.outcome == "passed" and value is not None and math.isfinite(value):
+            case["values"].append(value)
+    for case in found.values():
+        values = case.pop("values")
+        case["value"] = statistics.median(values) if values else None
+    return found
+
+
+def _leg_trends(run: Run, path: Path, last: int) -> tuple[list[Chart], str]:
+    """The charts of one leg, or why it has none."""
+    current = _current_values(run)
+    if not current:
+        return [], ""
+    runs, series = history.case_series(TREND_METRIC, leg=run.leg, gpu=run.gpu, last=last,
+                                       nodeids={nodeid for nodeid, _ in current}, path=path,
+                                       timeout_s=HISTORY_TIMEOUT_S)
+    labels = [(r["commit"] or "?")[:7] for r in runs]
+    mine = {history.run_key(manifest, Path(source)) for source, manifest in run.parts}
+    fresh = not mine & {r["run_id"] for r in runs}  # this run is not in the history yet
+    if fresh:
+        labels.append("this run")
+    labels = labels[-last:]
+    if len(labels) < 2:
+        return [], f"{run.label}: {len(runs)} run(s) of its leg and GPU in the history"
+    by_suite: dict[str, list[tuple[str, list[float | None]]]] = {}
+    for key, case in sorted(current.items(), key=lambda item: (item[1]["suite"], _natural(item[1]["name"]))):
+        values = series.get(key, [None] * len(runs)) + ([case["value"]] if fresh else [])
+        by_suite.setdefault(case["suite"], []).append((case["name"], values[-last:]))
+    charts = []
+    for suite, cases in by_suite.items():
+        for start in range(0, len(cases), MAX_TREND_CASES):
+            chunk = cases[start:start + MAX_TREND_CASES]
+            part = f" ({start // MAX_TREND_CASES + 1})" if len(cases) > MAX_TREND_CASES else ""
+            title = f"{suite}{part}: {TREND_METRIC} over the last {len(labels)} runs ({run.label}, {run.gpu or 'CPU'})"
+            charts.append(Chart("trend", suite, title, f"x: the commit of each run, oldest left; {CHANGE_RULE}",
+                                figure_uri(trend_figure(labels, chunk)), f"line charts: {title}", run.environment_key))
+    return charts, ""
+
+
+def trend_charts(summary: Summary, path: str | os.PathLike | None, *, last: int | None = None) -> Trends:
+    """Each benchmark case of the report over the newest ``last`` runs of its leg and GPU in the run
+    history at ``path`` (and this run, when the history does not hold it yet). A history that is
+    missing, locked or unreadable gives no chart and a line saying why; it never stops the report."""
+    last = TREND_RUNS if last is None else last
+    if path is None:
+        return Trends(note="no run history given (python -m harness report --history PATH)")
+    path = Path(path)
+    if not path.is_file():
+        return Trends(note=f"no run history at {path}")
+    charts, short = [], []
+    for run in summary.runs:
+        try:
+            drawn, why = _leg_trends(run, path, last)
+        except history.HistoryError as exc:
+            return Trends(note=str(exc))
+        charts += drawn
+        short += [why] if why else []
+    if not charts:
+        reason = "; ".join(short) if short else "no benchmark case in this report"
+        return Trends(note=f"fewer than 2 runs to draw ({reason}; history {path})" if short else reason)
+    note = (f"{TREND_METRIC} of each benchmark case over the last runs of its leg and GPU in {path}; {CHANGE_RULE}"
+            + (f". Not drawn: {'; '.join(short)}" if short else ""))
+    return Trends(charts, note)

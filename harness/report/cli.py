@@ -6,11 +6,15 @@ import argparse
 import sys
 from pathlib import Path
 
+from .. import history
+from .ab import ab_for_report
 from .baseline import (
     DEFAULT_ERROR_FACTOR,
     DEFAULT_THRESHOLD_PCT,
     compare,
+    compare_rolling,
     read_baseline,
+    rolling_runs,
     write_baseline,
 )
 from .load import load_results, read_steps
@@ -22,7 +26,9 @@ def _common(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("results", nargs="+", metavar="RESULTS",
                         help="run directories (records.jsonl + manifest.json), records files, "
                              "or folders holding several run directories")
-    parser.add_argument("--baseline", metavar="PATH", help="baseline JSON to compare against (reports/baselines/...)")
+    parser.add_argument("--baseline", metavar="PATH",
+                        help="baseline JSON to compare against (reports/baselines/...), or history[:N]: "
+                             "each GPU leg against its last N (default 5) complete runs in the run history")
     parser.add_argument("--threshold", type=float, default=DEFAULT_THRESHOLD_PCT, metavar="PCT",
                         help="flag slowdowns over this many percent (default %(default)s)")
     parser.add_argument("--error-factor", type=float, default=DEFAULT_ERROR_FACTOR, metavar="X",
@@ -48,9 +54,20 @@ def build_parser() -> argparse.ArgumentParser:
     report.add_argument("--title", default="kv harness report", help="page title")
     report.add_argument("--steps", metavar="JSON",
                         help="a pipeline's steps file (<kind>-steps.json): its steps and wall time go in the report")
+    report.add_argument("--history", default=str(history.history_path()), metavar="SQLITE",
+                        help="the run history the trend charts read (default $KVH_HISTORY or %(default)s); "
+                             "missing, locked or unreadable: the report says so and has no trend chart")
+    report.add_argument("--no-history", action="store_true", help="draw no trend chart")
+    report.add_argument("--ab", metavar="JSON", help="a same-job A/B's ab.json for the A/B section "
+                                                    "(default: an ab.json beside the run directories that names them)")
+    report.add_argument("--trend-runs", type=int, default=None, metavar="N",
+                        help="runs per trend chart (default 10)")
     summ = sub.add_parser("summarize", help="print the one-screen text summary (and optionally Markdown)")
     _common(summ)
     summ.add_argument("--markdown", action="store_true", help="print the Markdown summary instead")
+    sus = sub.add_parser("suspects", help="print the node ids of kernel cases whose timing regressed beyond "
+                                          "threshold and noise, one per line (what a confirmation re-run re-runs)")
+    _common(sus)
     return parser
 
 
@@ -64,21 +81,38 @@ def _exit_code(summary, fail_on: str) -> int:
     return 0
 
 
+def _comparison(parser: argparse.ArgumentParser, args, results):
+    """The results against ``--baseline``: a baseline file, or the rolling baseline of the run
+    history (``history[:N]``, the database of ``--history`` or $KVH_HISTORY)."""
+    options = {"threshold_pct": args.threshold, "error_factor": args.error_factor}
+    try:
+        last = rolling_runs(args.baseline)
+        if last is not None:
+            return compare_rolling(results, last, getattr(args, "history", None) or history.history_path(), **options)
+        baseline = read_baseline(args.baseline)
+    except (ValueError, history.HistoryError) as exc:
+        parser.error(str(exc))
+    return compare(results, baseline, source=Path(args.baseline).name, **options)
+
+
+def _suspects(comparison) -> list[str]:
+    """Node ids of the suspected kernel slowdowns, each once, in the comparison's order."""
+    found = [] if comparison is None else [f.nodeid for f in comparison.suspects() if f.nodeid]
+    return list(dict.fromkeys(found))
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     results = load_results(args.results)
-    comparison = None
-    if args.baseline:
-        try:
-            baseline = read_baseline(args.baseline)
-        except ValueError as exc:
-            parser.error(str(exc))
-        comparison = compare(results, baseline, source=Path(args.baseline).name,
-                             threshold_pct=args.threshold, error_factor=args.error_factor)
+    comparison = _comparison(parser, args, results) if args.baseline else None
+    if args.command == "suspects":
+        sys.stdout.write("".join(f"{nodeid}\n" for nodeid in _suspects(comparison)))
+        return 0
     summary = summarize(results, comparison)
     if getattr(args, "steps", None):
         summary.pipeline = read_steps(args.steps)
+    summary.ab = ab_for_report(args.results, getattr(args, "ab", None))
 
     if args.command == "summarize":
         sys.stdout.write(markdown_summary(summary) if args.markdown else text_summary(summary))
@@ -91,7 +125,8 @@ def main(argv: list[str] | None = None) -> int:
     junit = None if args.no_junit else Path(args.junit) if args.junit else output.with_name(output.stem + ".junit.xml")
     markdown_path = Path(args.summary_md) if args.summary_md else output.with_name(output.stem + ".md")
     links = {"JUnit XML": junit.name} if junit is not None and junit.parent == output.parent else {}
-    write_html(output, render_html(summary, title=args.title, links=links))
+    write_html(output, render_html(summary, title=args.title, links=links,
+                                   history=None if args.no_history else args.history, trend_runs=args.trend_runs))
     if junit is not None:
         write_junit(junit, results)
     markdown_path.parent.mkdir(parents=True, exist_ok=True)

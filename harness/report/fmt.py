@@ -97,6 +97,17 @@ def fmt_sig(number: float, digits: int = 3) -> str:
 
 
 @finite_only
+def fmt_ratio(number: float) -> str:
+    """An error-to-tolerance ratio to three significant digits, rounded away from 1: a case within
+    its tolerance never reads 1.00 (0.99999 is 0.999), one past it never does either (1.0001 is 1.01)."""
+    if number <= 0:
+        return fmt_sig(number)
+    scale = 10 ** (2 - math.floor(math.log10(number)))
+    scaled = round(number * scale, 6)  # float noise (15.499999999) is no step away from 1
+    return fmt_sig((math.floor(scaled) if number < 1 else math.ceil(scaled)) / scale)
+
+
+@finite_only
 def fmt_pct(number: float) -> str:
     return f"{number:.1f}%"
 

@@ -4,7 +4,9 @@ Every input becomes one or more :class:`Run` objects (one per version leg found 
 it). Runs of the same leg on the same machine by the same session (the suites and the
 benchmarks of one pipeline, say) merge into one :class:`Run`, one column of the report;
 the session is the pipeline kind that names a run directory (``gpu_verify-<leg>-bench``),
-so a ``bench`` run of the leg stays a column of its own. Nothing here raises on bad input:
+so a ``bench`` run of the leg stays a column of its own. A confirmation re-run (a run directory
+named ``<run>-confirm``, harness/run/pipeline.py) is no column: it is kept apart in
+``ResultSet.confirmations``, which only the baseline comparison reads. Nothing here raises on bad input:
 missing paths, unreadable lines and missing or incomplete manifests become ``problems``
 that the report shows.
 """
@@ -18,7 +20,14 @@ from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..records import MANIFEST_FILE, RECORDS_FILE, Record, read_manifest, read_records
+from ..records import (
+    CONFIRM_SUFFIX,
+    MANIFEST_FILE,
+    RECORDS_FILE,
+    Record,
+    read_manifest,
+    read_records,
+)
 from ..run.commands import KINDS
 from .fmt import to_float
 
@@ -103,6 +112,7 @@ class Run:
 class ResultSet:
     runs: list[Run]
     problems: list[str] = field(default_factory=list)  # problems not tied to one run
+    confirmations: list[Run] = field(default_factory=list)  # re-runs of suspected slowdowns
 
     def pairs(self):
         """Every (run, record) pair in input order."""
@@ -189,6 +199,23 @@ def _label_runs(runs: list[Run]) -> None:
         run.label = label
 
 
+def is_confirmation(run: Run) -> bool:
+    """Whether ``run`` is a confirmation re-run: read from a directory named ``...-confirm``."""
+    folder = run.source.parent if run.source.is_file() else run.source
+    return folder.name.endswith(CONFIRM_SUFFIX)
+
+
+def _merged(runs: list[Run]) -> list[Run]:
+    """Runs of the same session, leg and machine merged into one."""
+    merged: dict[tuple, Run] = {}
+    for run in runs:
+        if run.merge_key in merged:
+            merged[run.merge_key].absorb(run)
+        else:
+            merged[run.merge_key] = run
+    return list(merged.values())
+
+
 def load_results(paths: list[str | os.PathLike]) -> ResultSet:
     """Load run directories, records files, or folders holding several run directories."""
     runs: list[Run] = []
@@ -215,15 +242,15 @@ def load_results(paths: list[str | os.PathLike]) -> ResultSet:
                 runs.extend(_load_one(run_dir / RECORDS_FILE, run_dir, run_dir))
         else:
             problems.append(f"{path}: no such file or directory")
-    merged: dict[tuple, Run] = {}
-    for run in runs:
-        if run.merge_key in merged:
-            merged[run.merge_key].absorb(run)
-        else:
-            merged[run.merge_key] = run
-    runs = list(merged.values())
+    reruns = [run for run in runs if is_confirmation(run)]
+    if len(reruns) == len(runs):  # a re-run given alone is shown: it is all the results there are
+        reruns = []
+    runs = _merged([run for run in runs if all(run is not rerun for rerun in reruns)])
+    confirmations = _merged(reruns)
     _label_runs(runs)
-    return ResultSet(runs, problems)
+    for run in confirmations:
+        run.label = f"{run.leg} (re-run)"
+    return ResultSet(runs, problems, confirmations)
 
 
 def _finite(value, default=None):
@@ -232,7 +259,7 @@ def _finite(value, default=None):
 
 
 def read_steps(path: str | os.PathLike) -> dict | None:
-    """A pipeline's steps file (``<kind>-steps.json``: kind, wall_s, gpus, steps), or None when
+    """A pipeline's steps file (``<kind>-steps.json``: kind, leg, wall_s, gpus, steps), or None when
     it is missing or unreadable; odd fields are dropped or defaulted, so the report is then
     rendered without them, never refused."""
     try:
@@ -249,5 +276,5 @@ def read_steps(path: str | os.PathLike) -> dict | None:
         steps.append({"step": str(step["step"]), "rc": None if rc is None else int(rc), "ok": step.get("ok") is True,
                       "seconds": _finite(step.get("seconds"), 0.0)})
     gpus = data.get("gpus")
-    return {"kind": str(data.get("kind", "?")), "wall_s": _finite(data.get("wall_s"), 0.0),
+    return {"kind": str(data.get("kind", "?")), "leg": str(data.get("leg") or ""), "wall_s": _finite(data.get("wall_s"), 0.0),
             "gpus": [str(g) for g in gpus] if isinstance(gpus, list) else [], "steps": steps}

@@ -14,10 +14,10 @@ import jinja2
 from ..measure import timeline
 from ..records import STANDARD_METRICS, Record, utc_now
 from . import fmt
-from .charts import all_charts
+from .charts import Trends, all_charts, trend_charts
 from .goals import goals_of
 from .load import BAD_OUTCOMES, Run
-from .summary import Summary
+from .summary import Summary, checked_of, tolerance_ratio
 
 TEMPLATES = Path(__file__).resolve().parent / "templates"
 
@@ -35,6 +35,8 @@ CASE_COLUMNS = [
 ]
 _SHOWN_ELSEWHERE = {"shape", "speedup", "states_checked", "elements_checked", "bytes", "copy_gbps",
                     "error_type", "error_message", "bad_inputs", *STANDARD_METRICS}
+
+ENV_FOLD = 160  # environment values longer than this are folded under their first half
 
 ENV_ROWS = [
     ("leg", lambda run, s: run.leg),
@@ -120,8 +122,6 @@ def environment_rows(summary: Summary) -> list[dict]:
 def cell_value(record: Record, column: str) -> str:
     metrics = record.metrics
     if column == "checked":
-        from .summary import checked_of
-
         return fmt.fmt_count(checked_of(record))
     if column == "shape":
         return fmt.clean_text(metrics.get("shape") or "", 60)
@@ -146,6 +146,58 @@ def other_metrics(record: Record) -> str:
     return ", ".join(parts)
 
 
+# Columns of a suite's per-leg table: (Stats figure, heading), shown when some leg has a value.
+LEG_COLUMNS = [("passed", "passed"), ("bad", "not passing"), ("skipped", "skipped"), ("checked", "checked"),
+               ("bit_errors", "bit errors"), ("max_abs_err", "worst abs"), ("max_rel_err", "worst rel"),
+               ("worst_to_tol", "error/tolerance"), ("duration_s", "duration")]
+
+
+def leg_value(stats, key: str) -> str:
+    """One figure of a suite on one leg (:data:`LEG_COLUMNS`), formatted; "" when it has none."""
+    if key in ("passed", "skipped"):
+        return str(stats.counts[key])
+    if key == "bad":
+        return str(stats.bad)
+    if key == "worst_to_tol":
+        return fmt.fmt_ratio(stats.worst_to_tol)
+    if key == "checked":
+        return fmt.fmt_count(stats.checked)
+    return fmt.fmt_metric(key, getattr(stats, key))
+
+
+def leg_columns(cells) -> list[tuple[str, str]]:
+    """The columns of :data:`LEG_COLUMNS` that some cell has a value (other than 0 skipped) for."""
+    def shown(key):
+        values = [leg_value(cell.stats, key) for cell in cells]
+        return any(values) and not (key == "skipped" and set(values) == {"0"})
+
+    return [(key, head) for key, head in LEG_COLUMNS if shown(key)]
+
+
+def case_figure(record: Record) -> str:
+    """The one figure a case's cell shows beside its outcome: its time, else how near its error
+    came to its tolerance, else its worst error, else how much it checked."""
+    metrics = record.metrics
+    if fmt.to_float(metrics.get("ms")) is not None:
+        return f"{fmt.fmt_sig(metrics['ms'])} ms"
+    ratio = tolerance_ratio(record)
+    if ratio is not None:
+        return f"{fmt.fmt_ratio(ratio)}\N{MULTIPLICATION SIGN} tol"
+    if fmt.to_float(metrics.get("max_abs_err")) is not None:
+        return f"err {fmt.fmt_err(metrics['max_abs_err'])}"
+    checked = checked_of(record)
+    return f"{fmt.fmt_count(checked)} checked" if checked is not None else ""
+
+
+def case_details(record: Record) -> str:
+    """Every figure of a case, ``name=value`` joined with ``, ``: the standard columns, then the rest."""
+    standard = [f"{head}={value}" for key, head, _ in CASE_COLUMNS if (value := cell_value(record, key))]
+    ratio = tolerance_ratio(record)
+    if ratio is not None:
+        standard.append(f"error/tolerance={fmt.fmt_ratio(ratio)}")
+    return ", ".join(filter(None, [", ".join(standard), other_metrics(record)]))
+
+
 def sorted_cases(records: list[Record]) -> list[Record]:
     """Cases that did not pass first, then in recorded order."""
     return sorted(records, key=lambda r: r.outcome not in BAD_OUTCOMES)
@@ -161,6 +213,7 @@ def _environment() -> jinja2.Environment:
     )
     env.filters.update(
         count=fmt.fmt_count,
+        ratio=fmt.fmt_ratio,
         err=fmt.fmt_err,
         sig=fmt.fmt_sig,
         pct=fmt.fmt_pct,
@@ -175,20 +228,31 @@ def _environment() -> jinja2.Environment:
         case_columns=case_columns,
         other_metrics=other_metrics,
         sorted_cases=sorted_cases,
+        case_figure=case_figure,
+        leg_columns=leg_columns,
+        leg_value=leg_value,
+        case_details=case_details,
         BAD_OUTCOMES=BAD_OUTCOMES,
+        ENV_FOLD=ENV_FOLD,
     )
     return env
 
 
 def render_html(summary: Summary, *, title: str = "kv harness report", links: dict | None = None,
-                charts: dict | None = None) -> str:
-    """The whole page as a string. ``links``: name -> file name of files written beside it."""
+                charts: dict | None = None, history: str | os.PathLike | None = None,
+                trend_runs: int | None = None, trends: Trends | None = None) -> str:
+    """The whole page as a string. ``links``: name -> file name of files written beside it;
+    ``history``: the run history the trend charts read (none: no trend chart)."""
+    if trends is None:
+        trends = trend_charts(summary, history, last=trend_runs)
     template = _environment().get_template("report.html.j2")
     page = template.render(
         s=summary,
         title=title,
         generated=utc_now(),
         charts=all_charts(summary) if charts is None else charts,
+        trends=trends,
+        tolerance=summary.closest_to_tolerance(),
         env_rows=environment_rows(summary),
         failing=summary.failing(),
         bad_input=summary.bad_input(),

@@ -7,6 +7,7 @@ here once, from a :class:`~harness.report.load.ResultSet` and an optional baseli
 
 from __future__ import annotations
 
+import datetime as dt
 import math
 from collections import Counter
 from dataclasses import dataclass, field
@@ -42,6 +43,23 @@ def checked_of(record: Record) -> float | None:
     return None
 
 
+def tolerance_ratio(record: Record) -> float | None:
+    """How near a case's error came to what it accepts (1: at its limit): ``err_to_tol`` when the
+    case recorded it (a bound per element), else ``max_abs_err / tolerance``; None without either."""
+    ratio = to_float(record.metrics.get("err_to_tol"))
+    if ratio is not None:
+        return ratio
+    err, tol = to_float(record.metrics.get("max_abs_err")), to_float(record.metrics.get("tolerance"))
+    if err is None or tol is None or not tol > 0:
+        return None
+    return err / tol
+
+
+def impl_of(record: Record) -> str:
+    """``backend/variant`` of a case, either part left out when empty."""
+    return "/".join(p for p in (record.backend, record.variant) if p)
+
+
 def is_reference(record: Record) -> bool:
     """A baseline timed beside the kernels (the record's metrics say ``"reference": true``)."""
     return record.metrics.get("reference") is True
@@ -58,6 +76,7 @@ class Stats:
     bit_errors: float | None = None
     max_abs_err: float | None = None
     max_rel_err: float | None = None
+    worst_to_tol: float | None = None  # the largest :func:`tolerance_ratio`
     duration_s: float = 0.0
 
     @classmethod
@@ -71,6 +90,7 @@ class Stats:
             bit_errors=sum(bits) if bits else None,
             max_abs_err=worst(r.metrics.get("max_abs_err") for r in own),
             max_rel_err=worst(r.metrics.get("max_rel_err") for r in own),
+            worst_to_tol=worst(tolerance_ratio(r) for r in own),
             duration_s=sum(float(r.duration_s or 0.0) for r in records),
         )
 
@@ -114,6 +134,28 @@ class Cell:
 
 
 @dataclass
+class CaseRow:
+    """One case of a suite over the legs that ran it: ``legs`` holds, per leg of the suite's table
+    (:attr:`Suite.present`), the case's records there (empty where that leg did not run it)."""
+
+    case: str
+    legs: list[list[Record]]
+
+    @property
+    def records(self) -> list[Record]:
+        return [r for records in self.legs for r in records]
+
+    @property
+    def bad(self) -> bool:
+        return any(r.outcome in BAD_OUTCOMES for r in self.records)
+
+    @property
+    def impl(self) -> str:
+        """The distinct ``backend/variant`` of the case's records, joined with ``, ``."""
+        return ", ".join(dict.fromkeys(filter(None, map(impl_of, self.records))))
+
+
+@dataclass
 class Suite:
     name: str
     anchor: str
@@ -123,6 +165,34 @@ class Suite:
     @property
     def present(self) -> list[Cell]:
         return [c for c in self.cells if c is not None]
+
+    def case_rows(self) -> list[CaseRow]:
+        """One row per case id over the legs that ran the suite: rows with a case that did not
+        pass first, then in the order the cases were first recorded."""
+        present = self.present
+        rows: dict[str, CaseRow] = {}
+        for index, cell in enumerate(present):
+            for record in cell.records:
+                row = rows.setdefault(record.case, CaseRow(record.case, [[] for _ in present]))
+                row.legs[index].append(record)
+        return sorted(rows.values(), key=lambda row: not row.bad)
+
+
+@dataclass
+class ToleranceFigure:
+    """The case whose error came nearest its tolerance (or went furthest past it)."""
+
+    ratio: float
+    run: Run
+    record: Record
+    rated: int  # how many cases carry a tolerance
+
+    @property
+    def where(self) -> str:
+        """``suite::case [backend/variant] on leg``."""
+        impl = impl_of(self.record)
+        return (f"{suite_name(self.record)}::{self.record.case}{f' [{impl}]' if impl else ''} "
+                f"on {self.run.label}")
 
 
 @dataclass
@@ -137,6 +207,19 @@ class BadInput:
     @property
     def bad(self) -> bool:
         return any(o in BAD_OUTCOMES for o in self.outcomes.values())
+
+
+def _instant(text) -> dt.datetime | None:
+    """An ISO-8601 time as an aware datetime (UTC when it names no zone), None when unreadable."""
+    try:
+        moment = dt.datetime.fromisoformat(str(text))
+    except ValueError:
+        return None
+    return moment if moment.tzinfo else moment.replace(tzinfo=dt.timezone.utc)
+
+
+def _nan_largest(item: tuple) -> float:
+    return math.inf if math.isnan(item[0]) else item[0]
 
 
 def _bad_inputs_of(r: Record) -> list[tuple[str, str, str]]:
@@ -161,6 +244,7 @@ class Summary:
     run_stats: list[Stats]
     comparison: object | None = None  # baseline.Comparison
     pipeline: dict | None = None  # the pipeline's steps file: kind, wall_s, steps [{step, rc, ok, seconds}]
+    ab: dict | None = None  # a same-job A/B's figures (harness/report/ab.py)
 
     @property
     def runs(self) -> list[Run]:
@@ -220,6 +304,33 @@ class Summary:
         return {"PASSED": "ok", "FAILED": "bad", "REGRESSED": "warn", "INCOMPLETE": "warn"}.get(
             self.verdict, "none"
         )
+
+    def closest_to_tolerance(self) -> ToleranceFigure | None:
+        """The kernels' case with the largest error-to-tolerance ratio (NaN counting as largest);
+        None when no case carries a tolerance."""
+        rated = [(tolerance_ratio(r), run, r) for run, r in self.results.pairs() if not is_reference(r)]
+        rated = [item for item in rated if item[0] is not None]
+        if not rated:
+            return None
+        ratio, run, record = max(rated, key=_nan_largest)
+        return ToleranceFigure(ratio, run, record, len(rated))
+
+    @property
+    def wall_s(self) -> float | None:
+        """The whole run's wall time: from the first start to the last end over every run directory
+        read (the legs of a family run one after another); an unfinished run ends at its last
+        record. None when no start or end is known."""
+        starts, ends = [], []
+        for run in self.runs:
+            for _, manifest in run.parts:
+                starts.append(_instant(manifest.get("started")))
+                ends.append(_instant(manifest.get("finished")))
+            ends.extend(_instant(r.time) for r in run.records)
+        starts = [t for t in starts if t is not None]
+        ends = [t for t in ends if t is not None]
+        if not starts or not ends:
+            return None
+        return max(0.0, (max(ends) - min(starts)).total_seconds())
 
     def failing(self) -> list[tuple[Run, Record]]:
         return [(run, r) for run, r in self.results.pairs() if r.outcome in BAD_OUTCOMES]

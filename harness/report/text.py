@@ -8,7 +8,16 @@ import shutil
 from ..measure import timeline
 from ..records import OUTCOMES
 from .baseline import STATIC_METRICS
-from .fmt import clean_text, first_line, fmt_count, fmt_duration, fmt_err, fmt_sig, fmt_signed_pct
+from .fmt import (
+    clean_text,
+    first_line,
+    fmt_count,
+    fmt_duration,
+    fmt_err,
+    fmt_ratio,
+    fmt_sig,
+    fmt_signed_pct,
+)
 from .goals import describe, goals_line, goals_of
 from .summary import Summary, suite_name
 
@@ -21,6 +30,31 @@ def counts_line(summary: Summary) -> str:
     return " \N{MIDDLE DOT} ".join(f"{summary.counts[o]} {o}" for o in _COUNTED)
 
 
+def tolerance_line(summary: Summary) -> str:
+    """``worst error 0.42x its tolerance: suite::case [impl] on leg (of 96 cases with a tolerance)``,
+    or what there is instead."""
+    figure = summary.closest_to_tolerance()
+    if figure is None:
+        return "no case recorded a tolerance"
+    return (f"worst error {fmt_ratio(figure.ratio)}\N{MULTIPLICATION SIGN} its tolerance: {figure.where} "
+            f"(of {figure.rated} cases with a tolerance)")
+
+
+def checked_line(summary: Summary) -> str:
+    """``201M states/elements checked, 0 bit errors``; "" when no case counted what it checked."""
+    stats = summary.stats
+    if not stats.checked:
+        return ""
+    bits = f", {fmt_count(stats.bit_errors)} bit errors" if stats.bit_errors is not None else ""
+    return f"{fmt_count(stats.checked)} states/elements checked{bits}"
+
+
+def wall_text(summary: Summary) -> str:
+    """``, 27m 03s wall`` from the first start to the last end of the runs read; "" when unknown."""
+    wall = summary.wall_s
+    return f", {fmt_duration(wall) or '0 s'} wall" if wall is not None else ""
+
+
 def _finding_text(finding) -> str:
     """``slower  +29.7%  suite::case [backend/variant]  0.124 -> 0.161 ms  on leg``."""
     impl = "/".join(p for p in (finding.backend, finding.variant) if p)
@@ -31,8 +65,28 @@ def _finding_text(finding) -> str:
     else:
         what = f"{finding.metric} {fmt_err(finding.baseline)} -> {fmt_err(finding.current)}"
     change = fmt_signed_pct(finding.change_pct) if finding.change_pct is not None else ""
+    rerun = {True: ", repeated by its re-run", False: ", not repeated by its re-run"}.get(finding.confirmed, "")
     return (f"{finding.kind:<11} {change:>7}  {finding.suite}::{finding.case}"
-            f"{' [' + impl + ']' if impl else ''}  {what}  on {finding.run_label}")
+            f"{' [' + impl + ']' if impl else ''}  {what}  on {finding.run_label}{rerun}")
+
+
+# Timing changes a comparison lists apart from its regressions: (attribute, what they are).
+APART = (
+    ("unconfirmed", "slower, not repeated by the re-run"),
+    ("within_noise", "slower within the noise"),
+    ("host_bound", "host-bound (the host's launch cost)"),
+    ("cpu_baselines", "CPU baselines timed on the GPU host"),
+)
+
+
+def apart_lines(comparison) -> list[str]:
+    """One line per kind of timing change not counted as a regression: how many, and the largest."""
+    lines = []
+    for name, what in APART:
+        found = getattr(comparison, name)
+        if found:
+            lines.append(f"{what}: {len(found)}, e.g. {_finding_text(found[0])}")
+    return lines
 
 
 def text_summary(summary: Summary, *, report_path=None, junit_path=None, markdown_path=None,
@@ -43,8 +97,10 @@ def text_summary(summary: Summary, *, report_path=None, junit_path=None, markdow
     """
     width = width or max(100, shutil.get_terminal_size((120, 24)).columns)
     out = [f"kv harness: {summary.verdict}  ({len(summary.runs)} leg(s), {summary.stats.total} cases, "
-           f"{fmt_duration(summary.stats.duration_s) or '0 s'} of test time)"]
+           f"{fmt_duration(summary.stats.duration_s) or '0 s'} of test time{wall_text(summary)})"]
     out.append("  " + counts_line(summary))
+    for line in filter(None, (checked_line(summary), tolerance_line(summary))):
+        out.append(clean_text("  " + line, width))
     if summary.runs:
         name_w = min(40, max(len(run.label) for run in summary.runs))
         out.append(f"  {'leg':<{name_w}}  {'mode':<11} {'pass':>5} {'fail':>5} {'err':>4} {'crash':>5} "
@@ -74,6 +130,8 @@ def text_summary(summary: Summary, *, report_path=None, junit_path=None, markdow
             out.append(clean_text("    " + _finding_text(finding), width))
         if len(comparison.regressions) > SHOWN:
             out.append(f"    ... and {len(comparison.regressions) - SHOWN} more in the report")
+        for line in apart_lines(comparison):
+            out.append(clean_text(f"    not counted, {line}", width))
         if comparison.references:
             out.append(clean_text(f"    reference measurements moved (not regressions of these kernels): "
                                   f"{len(comparison.references)}, e.g. {_finding_text(comparison.references[0])}",
@@ -119,8 +177,13 @@ def markdown_summary(summary: Summary, *, report_name: str | None = None) -> str
         steps = " \N{MIDDLE DOT} ".join(
             f"{md_escape(st['step'])} {st['seconds']:.1f} s" + ("" if st["ok"] else f" (exit {st['rc']})")
             for st in pipeline["steps"])
-        out.append(f"  \npipeline {md_escape(pipeline['kind'])}: {steps} \N{MIDDLE DOT} "
-                   f"wall time **{pipeline['wall_s']:.1f} s**")
+        leg = f" (leg {md_escape(pipeline['leg'], 60)})" if pipeline.get("leg") else ""
+        out.append(f"  \npipeline {md_escape(pipeline['kind'])}{leg}: {steps} \N{MIDDLE DOT} "
+                   f"{pipeline['wall_s']:.1f} s")
+    if summary.wall_s is not None:
+        dirs = sum(len(run.parts) for run in summary.runs)
+        out.append(f"  \nwall time **{fmt_duration(summary.wall_s) or '0 s'}** from the first start to the last "
+                   f"end of {dirs} run director{'y' if dirs == 1 else 'ies'}")
     for run in summary.runs:
         for _, manifest in run.parts:
             line = timeline.describe(manifest.get("timeline"))
@@ -151,6 +214,9 @@ def markdown_summary(summary: Summary, *, report_name: str | None = None) -> str
                     f"(threshold {comparison.threshold_pct:g}%): {kinds}"]
         for finding in comparison.regressions[:SHOWN]:
             out.append(f"- {md_escape(_finding_text(finding), 300)}")
+        apart = [f"{len(getattr(comparison, name))} {what}" for name, what in APART if getattr(comparison, name)]
+        if apart:
+            out += ["", f"Timing changes not counted as regressions: {md_escape('; '.join(apart), 400)}"]
         if comparison.references:
             out += ["", f"Reference measurements (baselines such as torch.compile) that moved, not "
                         f"counted as regressions: {len(comparison.references)}"]
@@ -159,11 +225,8 @@ def markdown_summary(summary: Summary, *, report_name: str | None = None) -> str
         out += ["", f"**Performance {goals_line(goals)}**"]
         for goal in [g for g in goals if not g.met][:SHOWN]:
             out.append(f"- missed {md_escape(describe(goal), 300)}")
-    checked = summary.stats.checked
-    if checked:
-        out += ["", f"{fmt_count(checked)} states/elements checked, worst abs error "
-                    f"{fmt_err(summary.stats.max_abs_err) or 'n/a'}, worst rel error "
-                    f"{fmt_err(summary.stats.max_rel_err) or 'n/a'}."]
+    figures = [checked_line(summary), tolerance_line(summary)]
+    out += ["", md_escape("; ".join(filter(None, figures)), 400) + "."]
     if summary.n_problems:
         out += ["", f"{summary.n_problems} read problem(s): see the report."]
     if report_name:

@@ -103,16 +103,28 @@ def pytest_command(
     return cmd + list(extra)
 
 
+ALL_FAMILIES = "all"  # the family name of a report over every kind's runs (``pipeline report``)
+
+
+def report_paths(family: str, reports_dir: str = REPORTS_DIR) -> dict[str, str]:
+    """Where one session family's report goes (``html``, ``junit``, ``summary``):
+    ``<reports_dir>/<family>-report.html``, ``<family>-junit.xml`` and ``<family>-summary.md``,
+    beside its ``<family>-steps.json``, so that one family's run never overwrites another's."""
+    return {"html": f"{reports_dir}/{family}-report.html", "junit": f"{reports_dir}/{family}-junit.xml",
+            "summary": f"{reports_dir}/{family}-summary.md"}
+
+
 def report_command(
     python: str, run_dirs: Sequence[str], *, reports_dir: str = REPORTS_DIR, baseline: str | None = None,
-    steps: str | None = None,
+    steps: str | None = None, family: str = ALL_FAMILIES,
 ) -> list[str]:
-    """``python -m harness report`` over ``run_dirs`` into ``reports_dir`` (``steps``: the
-    pipeline's steps file, shown in the report)."""
+    """``python -m harness report`` over ``run_dirs`` into ``reports_dir``, at the paths of
+    ``family`` (:func:`report_paths`; ``steps``: the pipeline's steps file, shown in the report)."""
+    paths = report_paths(family, reports_dir)
     cmd = [python, "-m", "harness", "report", *run_dirs,
-           "-o", f"{reports_dir}/report.html",
-           "--junit", f"{reports_dir}/junit.xml",
-           "--summary-md", f"{reports_dir}/summary.md"]
+           "-o", paths["html"],
+           "--junit", paths["junit"],
+           "--summary-md", paths["summary"]]
     if baseline:
         cmd += ["--baseline", baseline]
     if steps:

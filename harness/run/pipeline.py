@@ -14,10 +14,13 @@ so a machine without nox runs exactly what ``nox -s gpu_verify`` runs. The devic
 is probed in a child process, so this process never holds a CUDA context.
 
 Results land in ``reports/runs/<kind>-<leg>[-bench]/`` (both removed when the leg
-starts, so a step it skips shows nothing old); the report
-(``reports/report.html``, ``junit.xml``, ``summary.md``) covers every run directory
-of the same kind, so the legs of one family share one page. The exit code is 0
-only when every step succeeded; 3 means gpu_verify found no CUDA device.
+starts, so a step it skips shows nothing old); the report of a kind
+(``reports/<kind>-report.html``, ``<kind>-junit.xml``, ``<kind>-summary.md``; ``all-...``
+for ``report``) covers every run directory of that kind, so the legs of one family share one
+page and one family's run never overwrites another's report. The exit code is 0
+only when every step succeeded; 3 means gpu_verify found no CUDA device. On a GPU, benchmark
+cases slower than the baseline beyond threshold and noise are timed once more into
+``<benchmarks' directory>-confirm`` before the report (:func:`confirm_slowdowns`).
 """
 
 from __future__ import annotations
@@ -35,7 +38,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from ..measure import timeline
-from ..records import BASELINE_FORMAT, read_manifest
+from ..records import BASELINE_FORMAT, CONFIRM_SUFFIX, read_manifest
 from . import commands, legs
 
 NO_CUDA_EXIT = 3
@@ -143,18 +146,65 @@ HISTORY_KINDS = ("gpu_verify", "bench")  # the GPU runs kept in the run history 
 
 
 def record_history(run_dirs: Sequence[str], path: Path | None = None) -> list[str]:
-    """Append a run's directories to the run history and say so; a history that cannot be used is
-    said, never fatal (the run's report stands on its own)."""
+    """Append a run's directories to the run history and say so (a confirmation re-run is no run
+    of its own there); a history that cannot be used is said, never fatal (the run's report
+    stands on its own)."""
     from .. import history
 
     target = history.history_path() if path is None else path
     try:
-        added = history.add_runs(run_dirs, target)
+        added = history.add_runs([d for d in run_dirs if not d.endswith(CONFIRM_SUFFIX)], target)
     except history.HistoryError as exc:
         _say(f"history: {exc}; this run is not in it")
         return []
     _say(f"history: {len(added)} run(s) added to {target}")
     return added
+
+
+def suspected_slowdowns(results_dir: str, baseline: str, python: str = sys.executable) -> list[str]:
+    """Node ids of the kernel cases in ``results_dir`` slower than ``baseline`` beyond threshold and
+    noise (``python -m harness suspects``, in a child: the report's comparison is not this
+    package's to import); none when that cannot be told, which is said."""
+    argv = [python, "-m", "harness", "suspects", results_dir, "--baseline", baseline]
+    try:
+        out = subprocess.run(argv, capture_output=True, text=True, timeout=600)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        _say(f"confirm: could not compare the benchmarks with {baseline}: {exc}")
+        return []
+    if out.returncode != 0:
+        reason = (out.stderr.strip().splitlines() or [f"exit {out.returncode}"])[-1]
+        _say(f"confirm: could not compare the benchmarks with {baseline}: {reason}")
+        return []
+    return [line.strip() for line in out.stdout.splitlines() if line.strip()]
+
+
+def rerun_argv(argv: Sequence[str], nodeids: Sequence[str], results_dir: str) -> list[str]:
+    """A benchmark step's pytest command narrowed to ``nodeids``, recording into ``results_dir``."""
+    out = list(argv)
+    out[out.index("--results-dir") + 1] = results_dir
+    where = out.index("suites")
+    return [*out[:where], *nodeids, *out[where + 1:]]
+
+
+def confirm_slowdowns(steps: Sequence, gpus: Sequence[str], baseline: str | None, timings: list[dict],
+                      python: str = sys.executable) -> str | None:
+    """Re-run once, into ``<benchmarks' run directory>-confirm``, the benchmark cases slower than
+    ``baseline`` beyond threshold and noise: the report then calls a slowdown confirmed only when
+    its re-run shows it too (harness/report/baseline.py). The benchmarks' own results are never
+    touched, and a re-run that fails fails nothing (its slowdowns stay unsettled, so counted).
+    Without a GPU, a benchmark step, a baseline or a suspect, nothing is run. Returns the re-run's
+    directory, or None."""
+    bench = next((step for step in steps if step.name == "benchmarks" and step.results_dir), None)
+    if not gpus or bench is None or baseline is None:
+        return None
+    suspects = suspected_slowdowns(bench.results_dir, baseline, python)
+    if not suspects:
+        return None
+    out = bench.results_dir + CONFIRM_SUFFIX
+    shutil.rmtree(out, ignore_errors=True)
+    _say(f"confirm: {len(suspects)} benchmark case(s) slower than the baseline; timing them once more")
+    _run("confirm", rerun_argv(bench.argv, suspects, out), bench.env, timings, ok=(0, 1))
+    return out
 
 
 def _say(text: str) -> None:
@@ -177,10 +227,10 @@ def _run(name: str, argv: Sequence[str], env: dict, timings: list[dict], ok: Seq
 
 
 def render(run_dirs: Sequence[str], reports_dir: str, baseline: str | None, timings: list[dict],
-           python: str = sys.executable, steps: str | None = None) -> int:
-    """Render the report; ``--summary-md`` appends, so the previous summary goes first."""
+           python: str = sys.executable, steps: str | None = None, family: str = commands.ALL_FAMILIES) -> int:
+    """Render ``family``'s report; ``--summary-md`` appends, so the previous summary goes first."""
     Path(reports_dir).mkdir(parents=True, exist_ok=True)
-    summary = Path(reports_dir) / "summary.md"
+    summary = Path(commands.report_paths(family, reports_dir)["summary"])
     if summary.exists():
         summary.unlink()
     if not run_dirs:
@@ -188,7 +238,7 @@ def render(run_dirs: Sequence[str], reports_dir: str, baseline: str | None, timi
         timings.append({"step": "report", "rc": 1, "ok": False, "seconds": 0.0, "argv": []})
         return 1
     return _run("report", commands.report_command(python, run_dirs, reports_dir=reports_dir,
-                                                  baseline=baseline, steps=steps), {}, timings)
+                                                  baseline=baseline, steps=steps, family=family), {}, timings)
 
 
 def _say_timeline(name: str, results_dir: str) -> None:
@@ -284,6 +334,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         failed = False
         for folder in commands.leg_run_dirs(args.kind, leg, reports_dir=args.reports_dir):
             shutil.rmtree(folder, ignore_errors=True)  # a skipped step's old results are not this run's
+            shutil.rmtree(folder + CONFIRM_SUFFIX, ignore_errors=True)
         for step in steps:
             rc = _run(step.name, step.argv, step.env, timings, step.ok)
             if step.results_dir:
@@ -291,6 +342,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             if rc == 5 and step.name == "suites":
                 _say("suites: no test was collected, so nothing was checked")
             failed |= rc not in step.ok
+        confirm_slowdowns(steps, gpus, pick_baseline(args.baseline, leg, gpu=bool(gpus)), timings, python)
     except BaseException:
         failed = True
         raise
@@ -312,12 +364,13 @@ def main(argv: Sequence[str] | None = None) -> int:
             _say(f"report: no baseline for leg {leg} in {commands.REPORTS_DIR}/baselines/ "
                  "(--baseline or $KVH_BASELINE names one); no regression is checked")
         failed |= render(family_run_dirs(args.kind, args.reports_dir), args.reports_dir, baseline,
-                         timings, python, steps=str(steps_file)) != 0
+                         timings, python, steps=str(steps_file), family=args.kind) != 0
         if gpus and args.kind in HISTORY_KINDS:
             record_history(family_run_dirs(args.kind, args.reports_dir))
         wall = write_steps()
         _print_table(timings, wall)
-    _say(f"{args.kind}: {'FAILED' if failed else 'passed'} in {wall:.1f} s; report {args.reports_dir}/report.html")
+    _say(f"{args.kind}: {'FAILED' if failed else 'passed'} in {wall:.1f} s; "
+         f"report {commands.report_paths(args.kind, args.reports_dir)['html']}")
     return 1 if failed else 0
 
 
