@@ -3,8 +3,8 @@
 
 ``python -m harness.history add RUN_DIR...`` appends run directories (``records.jsonl`` and
 ``manifest.json``, harness.records); ``list`` lists the runs; ``export --format csv|json``
-writes every case; ``prune --keep N`` keeps the newest N runs of each (leg, GPU). The database is
-``$KVH_HISTORY`` (default ``~/.cache/kvbits/history.sqlite``).
+writes every case; ``prune --keep N`` keeps the newest N runs of each (leg, GPU) and, apart, its
+newest N A/B rounds. The database is ``$KVH_HISTORY`` (default ``~/.cache/kvbits/history.sqlite``).
 
 Durability: the database runs in WAL mode with a busy timeout, so several runners or processes
 may write at once; each run goes in as one transaction, so a process killed mid-write leaves the
@@ -23,6 +23,7 @@ import os
 import sqlite3
 import statistics
 import sys
+import time
 from collections import Counter
 from collections.abc import Iterable, Sequence
 from contextlib import closing
@@ -71,19 +72,32 @@ def _connect(path: Path) -> sqlite3.Connection:
         db = sqlite3.connect(path, timeout=BUSY_TIMEOUT_S, isolation_level=None)
     except (sqlite3.Error, OSError) as exc:
         raise HistoryError(_explain(path, exc)) from exc
-    try:
-        db.execute("PRAGMA journal_mode=WAL")
-        db.execute("PRAGMA foreign_keys=ON")
-        db.executescript(SCHEMA)
-    except sqlite3.Error as exc:
-        db.close()
-        raise HistoryError(_explain(path, exc)) from exc
-    return db
+    deadline = time.monotonic() + BUSY_TIMEOUT_S
+    while True:
+        try:
+            db.execute("PRAGMA journal_mode=WAL")
+            db.execute("PRAGMA foreign_keys=ON")
+            db.executescript(SCHEMA)
+            return db
+        except sqlite3.OperationalError as exc:
+            # switching to WAL and creating the tables while another process does the same can be
+            # refused at once, without the busy timeout's wait: try again until the timeout
+            if not _busy(exc) or time.monotonic() > deadline:
+                db.close()
+                raise HistoryError(_explain(path, exc)) from exc
+            time.sleep(0.05)
+        except sqlite3.Error as exc:
+            db.close()
+            raise HistoryError(_explain(path, exc)) from exc
+
+
+def _busy(exc: BaseException) -> bool:
+    return "locked" in str(exc) or "busy" in str(exc)
 
 
 def _explain(path: Path, exc: BaseException) -> str:
     text = str(exc)
-    if "locked" in text or "busy" in text:
+    if _busy(exc):
         return f"history {path}: locked by another process for more than {BUSY_TIMEOUT_S:g} s ({text})"
     if "not a database" in text or "malformed" in text:
         return (f"history {path}: not a readable SQLite database ({text}); move it aside to start a new "
@@ -313,13 +327,14 @@ def _rolling_entry(rows: list[tuple], leg: str, env: str) -> dict:
 
 
 def rolling_baseline(leg: str, gpu: str | None, *, last: int = 5, path: Path | None = None,
-                     timeout_s: float = BUSY_TIMEOUT_S) -> dict:
+                     timeout_s: float = BUSY_TIMEOUT_S, exclude: Iterable[str] = ()) -> dict:
     """A baseline (the dict ``harness.report.baseline.compare`` takes) from the run history: each
     case as it ran in the newest ``last`` complete runs of ``leg`` on ``gpu`` that ran it (a
     pipeline's suites and benchmarks go in as separate runs; confirmation re-runs are left out):
     the median of its per-run medians as ``ms``, their spread across the runs as its noise
     (``ms_n`` runs, ``ms_min``, ``ms_iqr``, ``ms_mad``, ``spread: "runs"``), the worst outcome and
-    errors. Reads only; HistoryError as for :func:`case_series`."""
+    errors. ``exclude``: run ids (:func:`run_key`) left out, such as those of the run compared,
+    once it is in the history itself. Reads only; HistoryError as for :func:`case_series`."""
     if last < 1:
         raise ValueError(f"last must be at least 1; got {last}")
     path = history_path() if path is None else Path(path)
@@ -331,6 +346,8 @@ def rolling_baseline(leg: str, gpu: str | None, *, last: int = 5, path: Path | N
             rows = db.execute(query, (leg, gpu, CONFIRM_RUN, AB_RUN)).fetchall()
         except sqlite3.Error as exc:
             raise HistoryError(_explain(path, exc)) from exc
+    excluded = set(exclude)
+    rows = [row for row in rows if row[6] not in excluded]
     per_case: dict[str, dict[str, tuple]] = {}  # key -> run id -> its (first) row, newest run first
     for row in rows:
         key = "::".join((*_case_identity(row[0], row[1]), row[2] or "-", row[3] or "-"))
@@ -350,7 +367,9 @@ def rolling_baseline(leg: str, gpu: str | None, *, last: int = 5, path: Path | N
 
 
 def prune(keep: int, path: Path | None = None) -> int:
-    """Keep the newest ``keep`` runs of each (leg, GPU); returns how many runs were removed."""
+    """Keep the newest ``keep`` runs of each (leg, GPU), and apart from them its newest ``keep`` A/B
+    rounds (a push's ten rounds must not crowd out the runs trends are drawn from); returns how
+    many runs were removed."""
     if keep < 0:
         raise ValueError(f"keep must be non-negative; got {keep}")
     path = history_path() if path is None else Path(path)
@@ -358,8 +377,8 @@ def prune(keep: int, path: Path | None = None) -> int:
         try:
             db.execute("BEGIN IMMEDIATE")
             doomed = [row[0] for row in db.execute(
-                "SELECT run_id FROM (SELECT run_id, ROW_NUMBER() OVER (PARTITION BY leg, gpu "
-                "ORDER BY started DESC, run_id DESC) AS n FROM runs) WHERE n > ?", (keep,))]
+                "SELECT run_id FROM (SELECT run_id, ROW_NUMBER() OVER (PARTITION BY leg, gpu, run_id LIKE ? "
+                "ORDER BY started DESC, run_id DESC) AS n FROM runs) WHERE n > ?", (AB_RUN, keep))]
             db.executemany("DELETE FROM runs WHERE run_id = ?", [(r,) for r in doomed])
             db.execute("COMMIT")
         except sqlite3.Error as exc:

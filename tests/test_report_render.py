@@ -343,3 +343,13 @@ def test_no_trend_chart_and_one_line_why_when_the_history_cannot_serve(tmp_path,
         holder.execute("BEGIN EXCLUSIVE")
         assert "locked" in _trend_note(render_html(summary, history=locked))
         holder.execute("ROLLBACK")
+
+
+def test_a_leg_without_a_tolerance_beside_one_with_it_renders(tmp_path):
+    """One leg records a case's tolerance, another skips the case: the suite's per-leg table
+    shows the ratio column for the first and nothing for the second, and the page renders."""
+    with_tol = write_run(tmp_path / "a", [rec("affine", "test_x", metrics={"max_abs_err": 2e-3, "tolerance": 1e-3})],
+                         leg="L1", env=env_for("L1", "interpreter"))
+    skipped = write_run(tmp_path / "b", [rec("affine", "test_x", "skipped")], leg="L2", env=env_for("L2", "interpreter"))
+    html = render_html(summarize(load_results([with_tol, skipped])))
+    assert "L1" in html and "L2" in html and "badnum" in html  # 2x its tolerance is marked on L1

@@ -83,6 +83,7 @@ NOISE_K = 3.0  # a change must exceed this many combined robust standard deviati
 NOISE_FLOOR_PCT = 2.0  # the least noise a figure is taken to have, in % of its median
 MAD_TO_SIGMA = 1.4826  # median absolute deviation -> standard deviation of a normal distribution
 IQR_TO_SIGMA = 1 / 1.349  # interquartile range -> standard deviation of a normal distribution
+MEDIAN_SE = 1.2533  # standard error of a median of n normal samples: MEDIAN_SE * sigma / sqrt(n)
 # What a timed case is, for the comparison of its timing (timing_category).
 KERNEL, HOST_BOUND, CPU_BASELINE, REFERENCE = "kernel", "host-bound", "cpu baseline", "reference"
 # Figures of a kernel's machine code (suites/test_sass_budget.py): the same on every machine for
@@ -300,10 +301,16 @@ def _nonnegative(value) -> float | None:
 
 
 def robust_sigma(figures: dict, median: float, floor_pct: float = NOISE_FLOOR_PCT) -> float:
-    """The noise of a time as a standard deviation: from its repeats' ``ms_mad``, else their
-    ``ms_iqr``, never below ``floor_pct`` of ``median`` (all a figure without a spread has)."""
+    """The noise of a median time as a standard deviation, never below ``floor_pct`` of ``median``
+    (all a figure without a spread has). From its repeats (``ms_mad``, else ``ms_iqr``, as a
+    sigma): the standard error of their median, MEDIAN_SE * sigma / sqrt(ms_n), since the figure
+    compared is the median, not one repeat. From a rolling baseline (``spread: "runs"``): the
+    spread of the runs' medians itself, which is how far the next run's median may fall."""
     mad, iqr = _nonnegative(figures.get("ms_mad")), _nonnegative(figures.get("ms_iqr"))
     spread = MAD_TO_SIGMA * mad if mad is not None else IQR_TO_SIGMA * iqr if iqr is not None else 0.0
+    repeats = _nonnegative(figures.get("ms_n"))
+    if figures.get("spread") != "runs" and repeats and repeats >= 1:
+        spread *= MEDIAN_SE / math.sqrt(repeats)
     return max(spread, floor_pct / 100.0 * median)
 
 
@@ -356,16 +363,18 @@ def _timing_finding(key, run, record, entry, threshold_pct, k=NOISE_K, floor_pct
     return finding
 
 
-def timing_category(run: Run, record: Record) -> str:
+def timing_category(run: Run, record: Record, entry: dict | None = None) -> str:
     """What a timed case is: a reference measurement, a CPU baseline (a case on the CPU in a GPU
     run: the host's CPU, not the kernels, is what it times), a host-bound call (``bound: "host"``:
-    its figure is the host's launch cost) or a kernel's own figure."""
+    its figure is the host's launch cost) or a kernel's own figure. A case the baseline
+    (``entry``) found device-bound stays a kernel's figure even when it is host-bound now: a
+    change that put host work (a read-back, say) into the call must not excuse its own slowdown."""
     if is_reference(record):
         return REFERENCE
     on_cpu = str(record.device or "").startswith("cpu") or record.metrics.get("bound") == "cpu"
     if run.mode == "gpu" and on_cpu:
         return CPU_BASELINE
-    if record.metrics.get("bound") == "host":
+    if record.metrics.get("bound") == "host" and (entry or {}).get("bound") != "device":
         return HOST_BOUND
     return KERNEL
 
@@ -420,25 +429,26 @@ def _reruns(results: ResultSet, run: Run) -> dict[str, Record] | None:
     return {case_key(record): record for rerun in mine for record in rerun.records}
 
 
-def _confirm(finding: Finding, again: Record | None, entry: dict, threshold_pct: float, k: float,
-             floor_pct: float) -> None:
-    """Weigh a suspected slowdown against its re-run: confirmed when the re-run is slower again by
-    more than the threshold and the noise, unconfirmed when it is not; left unsettled (a
-    regression all the same) when the re-run has no figure for it."""
+def _confirm(finding: Finding, again: Record | None, entry: dict, k: float, floor_pct: float) -> None:
+    """Weigh a suspected slowdown against its re-run: confirmed when the re-run is slower again
+    beyond the noise (a slowdown just past the threshold need not cross it twice), unconfirmed
+    when it is not; left unsettled (a regression all the same) when the re-run has no figure."""
     change = timing_change(entry, again.metrics, k=k, floor_pct=floor_pct) if again and again.outcome == "passed" else None
     if change is None:
         finding.note += "; its re-run has no figure"
         return
     _, _, cur, pct, noise = change
-    finding.confirmed = pct > threshold_pct and pct > noise
+    finding.confirmed = pct > noise
     verb = "repeated" if finding.confirmed else "not repeated"
     finding.note += f"; {verb} by its re-run ({fmt_signed_pct(pct)}, {fmt_sig(cur)} {finding.metric})"
 
 
 def _file_timing(comparison: Comparison, finding: Finding) -> None:
     """Put a timing finding in its list: only a kernel's slowdown beyond threshold and noise that
-    its re-run did not contradict (and a lost timing) is a regression."""
-    if finding.category == CPU_BASELINE:
+    its re-run did not contradict, and a lost timing of any case, is a regression."""
+    if finding.kind == "timing lost":  # a case that stopped timing is broken, whatever bounds it
+        comparison.regressions.append(finding)
+    elif finding.category == CPU_BASELINE:
         comparison.cpu_baselines.append(finding)
     elif finding.category == HOST_BOUND:
         comparison.host_bound.append(finding)
@@ -515,7 +525,7 @@ def compare(
                 continue
             timing = _timing_finding(key, run, record, entry, threshold_pct, noise_k, noise_floor_pct)
             errors = _error_findings(key, run, record, entry, error_factor)
-            category = timing_category(run, record)
+            category = timing_category(run, record, entry)
             if category == REFERENCE:
                 for finding in (timing, *errors):
                     if finding is not None:
@@ -527,7 +537,7 @@ def compare(
                 continue
             timing.category = category
             if category == KERNEL and timing.kind == "slower" and timing.stands_out and reruns is not None:
-                _confirm(timing, reruns.get(key), entry, threshold_pct, noise_k, noise_floor_pct)
+                _confirm(timing, reruns.get(key), entry, noise_k, noise_floor_pct)
             _file_timing(comparison, timing)
     comparison.new_cases = sorted(new)
     comparison.missing_cases = sorted(set(cases) - seen)
@@ -584,7 +594,8 @@ def compare_rolling(results: ResultSet, last: int, history_path, **options) -> C
             groups.setdefault((run.leg, run.gpu), []).append(run)
     parts, counted = [], []
     for (leg, gpu), runs in groups.items():
-        base = history.rolling_baseline(leg, gpu, last=last, path=history_path)
+        mine = {history.run_key(manifest, Path(source)) for run in runs for source, manifest in run.parts}
+        base = history.rolling_baseline(leg, gpu, last=last, path=history_path, exclude=mine)
         subset = ResultSet(runs, confirmations=[r for r in results.confirmations if r.leg == leg])
         counted.append(f"{leg}: {len(base['source']['runs'])} runs read")
         parts.append(compare(subset, base, source=f"history of {leg}", **options))

@@ -90,7 +90,10 @@ def _comparison(parser: argparse.ArgumentParser, args, results):
         if last is not None:
             return compare_rolling(results, last, getattr(args, "history", None) or history.history_path(), **options)
         baseline = read_baseline(args.baseline)
-    except (ValueError, history.HistoryError) as exc:
+    except history.HistoryError as exc:  # a run's report never depends on the history: said, then none
+        print(f"harness report: no rolling baseline, so no regression check: {exc}", file=sys.stderr)
+        return None
+    except ValueError as exc:
         parser.error(str(exc))
     return compare(results, baseline, source=Path(args.baseline).name, **options)
 

@@ -100,7 +100,7 @@ def fmt_sig(number: float, digits: int = 3) -> str:
 def fmt_ratio(number: float) -> str:
     """An error-to-tolerance ratio to three significant digits, rounded away from 1: a case within
     its tolerance never reads 1.00 (0.99999 is 0.999), one past it never does either (1.0001 is 1.01)."""
-    if number <= 0:
+    if number <= 0 or number < 1e-300:  # no digits to round away from 1 (and 10 ** 300 overflows)
         return fmt_sig(number)
     scale = 10 ** (2 - math.floor(math.log10(number)))
     scaled = round(number * scale, 6)  # float noise (15.499999999) is no step away from 1
