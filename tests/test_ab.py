@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from harness.measure import ab_stats
+from harness.measure import ab_stats, noise
 from harness.records import Record, RecordWriter, write_json_atomic
 from harness.run import ab, ab_results
 
@@ -84,7 +84,7 @@ def test_one_round_needs_the_repeat_spread_for_an_interval():
     assert bare.ratio == pytest.approx(1.05) and bare.low is None and not bare.significant
     assert bare.change == "no interval"
     se = ab_stats.median_relative_se(1.0, 100, mad=0.01)
-    assert se == pytest.approx(ab_stats.MEDIAN_SE_FACTOR * ab_stats.MAD_TO_SIGMA * 0.01 / 10)
+    assert se == pytest.approx(noise.MEDIAN_SE * noise.MAD_TO_SIGMA * 0.01 / 10)
     spread = ab_stats.compare([1.0], [1.05], repeat_se=(se, se))
     assert spread.method == ab_stats.REPEAT_SPREAD and spread.significant and spread.low <= 1.05 <= spread.high
     assert ab_stats.median_relative_se(1.0, 100) is None  # no spread recorded

@@ -1,5 +1,6 @@
 """Measuring: figures a run records about speed and cost. Imports nothing else of the harness.
 
+- ``noise``: the noise of a median time from its repeats' spread (standard library only).
 - ``timing``: kernel timings with their repeats' spread (``do_bench``, CUDA-graph replay), whether
   a call is bound by the host or the device, the copy and write bandwidth ceilings,
   ``bandwidth_metrics``.

@@ -22,11 +22,10 @@ import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from .noise import median_se, spread_sigma
+
 CONFIDENCE = 0.95
 MIN_EFFECT = 0.01  # smallest |ratio - 1| called a change
-MAD_TO_SIGMA = 1.4826  # median absolute deviation -> standard deviation of a normal distribution
-IQR_TO_SIGMA = 1 / 1.349  # interquartile range -> standard deviation of a normal distribution
-MEDIAN_SE_FACTOR = math.sqrt(math.pi / 2)  # se(median) = 1.2533 sigma / sqrt(n) for normal samples
 
 PAIRED_T = "paired rounds, t interval"
 REPEAT_SPREAD = "one round, repeat spread"
@@ -125,13 +124,8 @@ def median_relative_se(ms: float, n: float | None, *, mad: float | None = None,
     (median absolute deviation or interquartile range, in ms); None without them."""
     if not ms or ms <= 0 or not n or n < 2:
         return None
-    if mad is not None and mad >= 0:
-        sigma = MAD_TO_SIGMA * mad
-    elif iqr is not None and iqr >= 0:
-        sigma = IQR_TO_SIGMA * iqr
-    else:
-        return None
-    return MEDIAN_SE_FACTOR * sigma / math.sqrt(n) / ms
+    sigma = spread_sigma(mad if mad is not None and mad >= 0 else None, iqr if iqr is not None and iqr >= 0 else None)
+    return None if sigma is None else median_se(sigma, n) / ms
 
 
 def _median(values: Sequence[float]) -> float | None:

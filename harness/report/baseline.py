@@ -61,6 +61,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from ..measure.noise import median_se, spread_sigma
 from ..records import (
     BASELINE_FORMAT,
     OUTCOME_SEVERITY,
@@ -81,9 +82,6 @@ TIMING_METRICS = ("ms", "gbps", "pct_of_peak")
 SPREAD_METRICS = ("ms_n", "ms_min", "ms_iqr", "ms_mad")  # the repeats' spread around ms
 NOISE_K = 3.0  # a change must exceed this many combined robust standard deviations
 NOISE_FLOOR_PCT = 2.0  # the least noise a figure is taken to have, in % of its median
-MAD_TO_SIGMA = 1.4826  # median absolute deviation -> standard deviation of a normal distribution
-IQR_TO_SIGMA = 1 / 1.349  # interquartile range -> standard deviation of a normal distribution
-MEDIAN_SE = 1.2533  # standard error of a median of n normal samples: MEDIAN_SE * sigma / sqrt(n)
 # What a timed case is, for the comparison of its timing (timing_category).
 KERNEL, HOST_BOUND, CPU_BASELINE, REFERENCE = "kernel", "host-bound", "cpu baseline", "reference"
 # Figures of a kernel's machine code (suites/test_sass_budget.py): the same on every machine for
@@ -303,14 +301,13 @@ def _nonnegative(value) -> float | None:
 def robust_sigma(figures: dict, median: float, floor_pct: float = NOISE_FLOOR_PCT) -> float:
     """The noise of a median time as a standard deviation, never below ``floor_pct`` of ``median``
     (all a figure without a spread has). From its repeats (``ms_mad``, else ``ms_iqr``, as a
-    sigma): the standard error of their median, MEDIAN_SE * sigma / sqrt(ms_n), since the figure
+    sigma): the standard error of their median (harness.measure.noise.median_se), since the figure
     compared is the median, not one repeat. From a rolling baseline (``spread: "runs"``): the
     spread of the runs' medians itself, which is how far the next run's median may fall."""
-    mad, iqr = _nonnegative(figures.get("ms_mad")), _nonnegative(figures.get("ms_iqr"))
-    spread = MAD_TO_SIGMA * mad if mad is not None else IQR_TO_SIGMA * iqr if iqr is not None else 0.0
+    spread = spread_sigma(_nonnegative(figures.get("ms_mad")), _nonnegative(figures.get("ms_iqr"))) or 0.0
     repeats = _nonnegative(figures.get("ms_n"))
     if figures.get("spread") != "runs" and repeats and repeats >= 1:
-        spread *= MEDIAN_SE / math.sqrt(repeats)
+        spread = median_se(spread, repeats)
     return max(spread, floor_pct / 100.0 * median)
 
 

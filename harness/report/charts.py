@@ -28,6 +28,7 @@ from matplotlib.patches import Patch  # noqa: E402
 from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter  # noqa: E402
 
 from .. import history  # noqa: E402
+from ..measure.noise import MAD_TO_SIGMA  # noqa: E402
 from ..records import Record  # noqa: E402
 from .fmt import clean_text, fmt_sig, to_float  # noqa: E402
 from .load import BAD_OUTCOMES, Run  # noqa: E402
@@ -377,7 +378,7 @@ def noise_band(values: list[float]) -> tuple[float, float] | None:
         return None
     median = statistics.median(values)
     mad = statistics.median(abs(v - median) for v in values)
-    half = max(BAND_SPREADS * 1.4826 * mad, BAND_FLOOR * abs(median))
+    half = max(BAND_SPREADS * MAD_TO_SIGMA * mad, BAND_FLOOR * abs(median))
     return median - half, median + half
 
 
