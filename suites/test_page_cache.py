@@ -694,6 +694,55 @@ def test_a_plan_covers_every_token_the_reserved_pages_hold(record, seed, device)
     assert err <= tolerance(q.dtype)
 
 
+POOL = ("k_words", "v_words", "k_scale", "k_zero", "v_scale", "v_zero")  # indexed by page first
+ROWS = ("k_residual", "v_residual", "block_table", "seq_lens")  # indexed by row first
+
+
+def _touched(before: dict, cache: PagedKVCache) -> dict[str, set[int]]:
+    """Per pool tensor the pages, per row tensor the rows, whose bits differ from ``before``."""
+    out = {}
+    for name in POOL + ROWS:
+        old, new = _as_bits(before[name]), _as_bits(getattr(cache, name))
+        differs = (old != new).reshape(old.shape[0], -1).any(dim=1)
+        if differs.any():
+            out[name] = set(differs.nonzero().flatten().tolist())
+    return out
+
+
+@pytest.mark.parametrize("device", device_params())
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_chunk_without_its_page_leaves_its_sequence_unchanged(record, seed, device, backend):
+    """A ragged chunk appended on the device alone (as a replay, which the host neither sees nor
+    hands pages to) where row 0's chunk completes a group in its page and one past its pages:
+    row 0 keeps every bit (pool, residual window, length), check_errors names the missing page,
+    and row 1, whose group lands in its page, takes its tokens as one-shot quantization does."""
+    record.backend, record.device, record.variant = backend, device, "chunk-without-its-page"
+    size = _size(device)
+    h, d, g, p = size.heads, size.head_dim, size.group, size.page
+    gen = torch.Generator().manual_seed(seed)
+    cache = _new_cache(size, device, num_pages=4, max_seqs=2)
+    book = _Book(cache)
+    book.add(*_kv(gen, (h, p - g + 8, d), cache.dtype, device), backend=backend)  # one page, group [p - g, p) pending
+    book.add(*_kv(gen, (h, g + 4, d), cache.dtype, device), backend=backend)  # one page, group [g, 2g) pending
+    counts = [2 * g, g]  # row 0 reaches [p, p + g), in a page it lacks; row 1 completes [g, 2g)
+    k, v = _kv(gen, (2, h, 2 * g, d), cache.dtype, device)
+    _poison_tail(k, v, counts)
+    before = _snapshot(cache)
+    cache.view()
+    cache._write(slice(0, 2), k, v, cache._on_device(counts), backend)  # no pages handed out
+    touched = _touched(before, cache)
+    record.add(touched=str(touched))
+    assert all(rows == {1} for name, rows in touched.items() if name in ROWS), touched
+    assert all(pages <= set(_pages_of(cache, 1)) for name, pages in touched.items() if name in POOL), touched
+    assert not cache.arrivals.any()
+    with pytest.raises(ValueError, match="no page"):
+        cache.check_errors()
+    cache.check_errors()  # cleared
+    book.took(k, v, [0, g])
+    assert cache.sync_lengths() == book.lengths()
+    _record_export(record, _check_export(cache, book))
+
+
 # ----------------------------------------------------------------------------- 6. bad input
 def _snapshot(cache: PagedKVCache) -> dict:
     state = {name: t.clone() for name, t in vars(cache).items() if isinstance(t, torch.Tensor)}
@@ -949,6 +998,37 @@ def test_not_finite_group_shows_in_check_errors(record, seed, device, backend, c
     cache.check_errors()  # cleared
     book.free(cache.sequences[0])  # the clean row exports as one-shot quantization of its tokens
     _record_export(record, _check_export(cache, book))
+
+
+@pytest.mark.parametrize("device", device_params())
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("via", ["prompt", "append-after-a-plan"])
+def test_fp32_scales_beyond_fp16_show_in_check_errors(record, seed, device, backend, via):
+    """fp32 scales: a completed group whose scale exceeds fp16's range (bf16 values of 1e6) shows in
+    check_errors, naming fp16, then is cleared; a plan made before it never re-reads the scales
+    (the fused decode takes them as fp16 operands: it would decode NaN), a new plan refuses them."""
+    record.backend, record.device, record.variant = backend, device, f"fp32-scale-beyond-fp16-{via}"
+    size = _size(device)
+    g, h, d = size.group, size.heads, size.head_dim
+    gen = torch.Generator().manual_seed(seed)
+    cache = _new_cache(size, device, num_pages=8, dtype=torch.bfloat16, scale_dtype=torch.float32)
+    k, v = _kv(gen, (h, g + 3, d), cache.dtype, device)
+    if via == "prompt":
+        cache.add_sequence(k * 1e6, v, backend=backend)
+    else:
+        cache.add_sequence(k[:, :g - 2], v[:, :g - 2], backend=backend)
+        cache.add_sequence(k, v, backend=backend)
+        cache.check_errors()  # fp32 scales within fp16's range: nothing to find
+        cache.attend(_q(gen, 2, h, d, cache.dtype, device), backend="triton")  # the plan, kept from here on
+        k, v = _kv(gen, (2, h, 4, d), cache.dtype, device)
+        cache.append(k * 1e6, v, backend=backend)  # completes row 0's first group
+    with pytest.raises(ValueError) as info:
+        cache.check_errors()
+    record.add(error_type=type(info.value).__name__, error_message=str(info.value))
+    assert "fp16's range" in str(info.value) and "NaN" not in str(info.value), str(info.value)
+    cache.check_errors()  # cleared
+    with pytest.raises(ValueError, match="beyond what backend='triton' carries"):
+        cache.plan(h)
 
 
 # ----------------------------------------------------------------------------- 8. nbytes

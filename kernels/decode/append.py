@@ -36,12 +36,15 @@ from torch.autograd.graph import increment_version
 from .._runtime import on_device, triton_interpreted
 from ..affine import SCALE_FLOOR, _affine_params_tl, _codes, _flagged, _group_range, _quantize_torch
 from ..aot import AotSpec
+from .checks import FP16_MAX
 from .direct_launch import Launch, specialization
 from .layout import _pack_plan, pack_tile, tile_shape
 from .paged import PagedQuantizedKV
 
-ERROR_NO_PAGE = 1  # a completed group's block-table entry is not a page of the pool
+ERROR_NO_PAGE = 1  # a completed group's block-table entry is not a page of the pool (chunk not placed)
 ERROR_NOT_FINITE = 2  # a completed group held NaN/Inf, or its scale overflowed the scale dtype
+ERROR_SCALE_RANGE = 4  # a completed group's finite fp32 scale exceeds fp16's range (checks.FP16_MAX)
+PAGE_BLOCK = tl.constexpr(16)  # block-table entries a program checks at a time (_pages_missing)
 MAX_WORDS_PER_STEP = 128  # words packed per step of the word loop, at most (the gathers' registers)
 APPEND_WARPS = 4
 
@@ -88,52 +91,81 @@ def _tile_words(words_ptr, table_ptr, flat, tile_base, first, NW: tl.constexpr, 
 
 
 @triton.jit
+def _pages_missing(bt_ptr, stride_bt_b, table_cols, num_pages, b, held, n_new, page_size, G: tl.constexpr):
+    """How many block-table entries of sequence b that the groups its chunk completes reach are
+    not pages of the pool (0: the chunk can be placed), read PAGE_BLOCK entries at a time."""
+    first = held // G * G  # the first group the chunk may complete
+    end = (held + n_new) // G * G  # past the last group it completes
+    entry0 = first // page_size
+    count = tl.where(end > first, (end - 1) // page_size + 1 - entry0, 0)
+    missing = count * 0
+    i = count * 0
+    while i < count:  # a run-time bound: a prompt's chunk reaches many pages, a step's one
+        k = i + tl.arange(0, PAGE_BLOCK)
+        reached = k < count
+        idx = entry0 + k
+        page = tl.load(bt_ptr + b * stride_bt_b + idx, mask=reached & (idx < table_cols), other=-1)
+        missing += tl.sum((reached & ((page < 0) | (page >= num_pages))).to(tl.int32), 0)
+        i += PAGE_BLOCK
+    return missing
+
+
+@triton.jit
+def _count_beyond_fp16(s, SCALE_MAX: tl.constexpr, PER_CHANNEL: tl.constexpr):
+    """How many of a group's finite fp32 scales (K [D], V [G, D/G]) exceed fp16's largest value
+    (checks.FP16_MAX)."""
+    beyond = ((s > 65504.0) & (s <= SCALE_MAX)).to(tl.int32)
+    if PER_CHANNEL:
+        return tl.sum(beyond, 0)
+    else:
+        return tl.sum(tl.sum(beyond, 1), 0)
+
+
+@triton.jit
 def _append_role(x_ptr, stride_xb, stride_xh, stride_xt, r_ptr, stride_rb, stride_rh, stride_rt,
                  w_ptr, stride_w_p, stride_w_h, stride_w_t, s_ptr, z_ptr, stride_s_p, stride_s_h, stride_s_r,
-                 table_ptr, err_ptr, b, h, j, share, held, n_new, page_size, bt_ptr, stride_bt_b, table_cols,
-                 num_pages, D: tl.constexpr, G: tl.constexpr, BITS: tl.constexpr, TILE: tl.constexpr,
+                 table_ptr, err_ptr, b, h, j, share, held, n_new, page_size, bt_ptr, stride_bt_b,
+                 D: tl.constexpr, G: tl.constexpr, BITS: tl.constexpr, TILE: tl.constexpr,
                  SHARES: tl.constexpr, WORDS: tl.constexpr, PER_CHANNEL: tl.constexpr, SCALE_FP16: tl.constexpr,
                  FLOOR: tl.constexpr, SCALE_MAX: tl.constexpr, INTERPRET: tl.constexpr):
-    """K (PER_CHANNEL) or V of one program: quantize the chunk's group j when the chunk completes
-    it (share 0 stores its scales and zeros), write share ``share`` of its tiles' words, and (group
-    0, share 0) the tokens past the chunk's last whole group into the residual window."""
+    """K (PER_CHANNEL) or V of one program of a chunk whose completed groups all have their pages:
+    quantize the chunk's group j when the chunk completes it (share 0 stores its scales and
+    zeros), write share ``share`` of its tiles' words, and (group 0, share 0) the tokens past the
+    chunk's last whole group into the residual window."""
     start = held // G * G + j * G  # first token of the group
     NW: tl.constexpr = TILE * D * BITS // 32 // SHARES  # words of a tile this program writes
-    complete = start + G <= held + n_new  # the chunk completes this group
-    page_idx = start // page_size
     off = start % page_size
-    page = tl.load(bt_ptr + b * stride_bt_b + page_idx, mask=complete & (page_idx < table_cols), other=-1)
-    page = page.to(tl.int64)
-    missing = complete & ((page < 0) | (page >= num_pages))
-    if complete:
-        if missing:
-            tl.atomic_or(err_ptr, 1)  # ERROR_NO_PAGE
-        else:
-            x = _group_values(x_ptr, stride_xb, stride_xh, stride_xt, r_ptr, stride_rb, stride_rh, stride_rt,
-                              b, h, start, held, tl.arange(0, G)[:, None], tl.arange(0, D)[None, :])
-            if PER_CHANNEL:  # one scale per channel over the group's tokens
-                lo, hi = _group_range(x, 0, INTERPRET)
-                s, z, inv = _affine_params_tl(lo, hi, BITS, SCALE_FP16, FLOOR, INTERPRET)
-                codes = tl.reshape(_codes(x, inv[None, :], z[None, :], BITS, INTERPRET), [G * D])
-                at = page * stride_s_p + h * stride_s_h + (off // G) * stride_s_r + tl.arange(0, D)
-                bad = tl.sum(_flagged(s, SCALE_MAX), 0)
-            else:  # one scale per token and group of G channels
-                xg = tl.reshape(x, [G, D // G, G])
-                lo, hi = _group_range(xg, 2, INTERPRET)
-                s, z, inv = _affine_params_tl(lo, hi, BITS, SCALE_FP16, FLOOR, INTERPRET)
-                codes = tl.reshape(_codes(xg, inv[:, :, None], z[:, :, None], BITS, INTERPRET), [G * D])
-                at = (page * stride_s_p + h * stride_s_h + (off + tl.arange(0, G)[:, None]) * stride_s_r
-                      + tl.arange(0, D // G)[None, :])
-                bad = tl.sum(tl.sum(_flagged(s, SCALE_MAX), 1), 0)
-            if share == 0:
-                tl.store(s_ptr + at, s.to(s_ptr.dtype.element_ty))
-                tl.store(z_ptr + at, z.to(z_ptr.dtype.element_ty))
-                if bad > 0:
-                    tl.atomic_or(err_ptr, 2)  # ERROR_NOT_FINITE
-            for i in tl.static_range(G // TILE):
-                tile_idx = (off + i * TILE) // TILE
-                _tile_words(w_ptr + page * stride_w_p + h * stride_w_h + tile_idx * stride_w_t, table_ptr,
-                            codes, i * TILE, share * NW, NW, D, WORDS)
+    if start + G <= held + n_new:  # the chunk completes this group
+        page = tl.load(bt_ptr + b * stride_bt_b + start // page_size).to(tl.int64)
+        x = _group_values(x_ptr, stride_xb, stride_xh, stride_xt, r_ptr, stride_rb, stride_rh, stride_rt,
+                          b, h, start, held, tl.arange(0, G)[:, None], tl.arange(0, D)[None, :])
+        if PER_CHANNEL:  # one scale per channel over the group's tokens
+            lo, hi = _group_range(x, 0, INTERPRET)
+            s, z, inv = _affine_params_tl(lo, hi, BITS, SCALE_FP16, FLOOR, INTERPRET)
+            codes = tl.reshape(_codes(x, inv[None, :], z[None, :], BITS, INTERPRET), [G * D])
+            at = page * stride_s_p + h * stride_s_h + (off // G) * stride_s_r + tl.arange(0, D)
+            bad = tl.sum(_flagged(s, SCALE_MAX), 0)
+        else:  # one scale per token and group of G channels
+            xg = tl.reshape(x, [G, D // G, G])
+            lo, hi = _group_range(xg, 2, INTERPRET)
+            s, z, inv = _affine_params_tl(lo, hi, BITS, SCALE_FP16, FLOOR, INTERPRET)
+            codes = tl.reshape(_codes(xg, inv[:, :, None], z[:, :, None], BITS, INTERPRET), [G * D])
+            at = (page * stride_s_p + h * stride_s_h + (off + tl.arange(0, G)[:, None]) * stride_s_r
+                  + tl.arange(0, D // G)[None, :])
+            bad = tl.sum(tl.sum(_flagged(s, SCALE_MAX), 1), 0)
+        if share == 0:
+            tl.store(s_ptr + at, s.to(s_ptr.dtype.element_ty))
+            tl.store(z_ptr + at, z.to(z_ptr.dtype.element_ty))
+            if bad > 0:
+                tl.atomic_or(err_ptr, 2)  # ERROR_NOT_FINITE
+            if not SCALE_FP16:  # fp32 scales: the fused decode takes them as fp16 operands
+                wide = _count_beyond_fp16(s, SCALE_MAX, PER_CHANNEL)
+                if wide > 0:
+                    tl.atomic_or(err_ptr, 4)  # ERROR_SCALE_RANGE
+        for i in tl.static_range(G // TILE):
+            tile_idx = (off + i * TILE) // TILE
+            _tile_words(w_ptr + page * stride_w_p + h * stride_w_h + tile_idx * stride_w_t, table_ptr,
+                        codes, i * TILE, share * NW, NW, D, WORDS)
     if (j == 0) & (share == 0):  # the tokens past the chunk's last whole group into the window
         tl.debug_barrier()  # after this program's reads of the window (the only reader of this role's)
         end = held + n_new
@@ -144,7 +176,6 @@ def _append_role(x_ptr, stride_xb, stride_xh, stride_xt, r_ptr, stride_rb, strid
         src = b * stride_xb + h * stride_xh + (pos - held).to(tl.int64)[:, None] * stride_xt + c
         tl.store(r_ptr + b * stride_rb + h * stride_rh + u[:, None] * stride_rt + c, tl.load(x_ptr + src, mask=keep),
                  mask=keep)
-    return missing.to(tl.int32)
 
 
 @triton.jit
@@ -156,8 +187,8 @@ def _append_kernel(
     vw_ptr, stride_vw_p, stride_vw_h, stride_vw_t, vs_ptr, vz_ptr, stride_vs_p, stride_vs_h, stride_vs_t,
     k_table_ptr, v_table_ptr, err_ptr, arrivals_ptr,
     D: tl.constexpr, G: tl.constexpr, BITS: tl.constexpr, TILE: tl.constexpr, RAGGED: tl.constexpr,
-    SHARES: tl.constexpr, WORDS: tl.constexpr, SCALE_FP16: tl.constexpr, FLOOR: tl.constexpr,
-    SCALE_MAX: tl.constexpr, INTERPRET: tl.constexpr,
+    SHARES: tl.constexpr, WORDS: tl.constexpr, SCALE_FP16: tl.constexpr,
+    FLOOR: tl.constexpr, SCALE_MAX: tl.constexpr, INTERPRET: tl.constexpr,
 ):
     """Append chunk tokens of one (sequence b, kv head h): program (j * 2 + role) * SHARES + share
     quantizes K (role 0) or V (role 1) of the chunk's group j and writes share ``share`` of its
@@ -166,11 +197,11 @@ def _append_kernel(
 
     k, v [B, H, T, D] (D contiguous) in the cache's dtype; chunk lengths int32 [B] (RAGGED) or
     ``chunk`` for all; lens int32 [B] (grown by the program of sequence b that finishes last, as
-    arrivals int32 [B, 2], zero between launches, counts them and the groups that found no page);
-    k/v_residual [B, H, G, D]; block
+    arrivals int32 [B], zero between launches, counts them); k/v_residual [B, H, G, D]; block
     table int32 [B, table_cols]; the pool's words int32 [NP, H, P/TILE, W], K scales/zeros
     [NP, H, P/G, D], V scales/zeros [NP, H, P, D/G]; tables int32 [W * 32] (word_sources);
-    errors int32 [1] (ERROR_* bits or-ed in).
+    errors int32 [1] (ERROR_* bits or-ed in). A sequence a group of whose chunk finds no page
+    is left as it was (pool, window, length): every program of it sees the same entries.
     """
     b = tl.program_id(0).to(tl.int64)
     h = tl.program_id(1)
@@ -182,29 +213,28 @@ def _append_kernel(
         n_new = tl.load(chunk_ptr + b)
     else:
         n_new = chunk
-    if role == 0:
-        missing = _append_role(k_ptr, stride_xb, stride_xh, stride_xt, kr_ptr, stride_rb, stride_rh, stride_rt,
-                     kw_ptr, stride_kw_p, stride_kw_h, stride_kw_t, ks_ptr, kz_ptr, stride_ks_p, stride_ks_h,
-                     stride_ks_g, k_table_ptr, err_ptr, b, h, j, share, held, n_new, page_size, bt_ptr, stride_bt_b,
-                     table_cols, num_pages, D, G, BITS, TILE, SHARES, WORDS, True, SCALE_FP16, FLOOR, SCALE_MAX,
-                     INTERPRET)
-    else:
-        missing = _append_role(v_ptr, stride_xb, stride_xh, stride_xt, vr_ptr, stride_rb, stride_rh, stride_rt,
-                     vw_ptr, stride_vw_p, stride_vw_h, stride_vw_t, vs_ptr, vz_ptr, stride_vs_p, stride_vs_h,
-                     stride_vs_t, v_table_ptr, err_ptr, b, h, j, share, held, n_new, page_size, bt_ptr, stride_bt_b,
-                     table_cols, num_pages, D, G, BITS, TILE, SHARES, WORDS, False, SCALE_FP16, FLOOR, SCALE_MAX,
-                     INTERPRET)
+    placed = _pages_missing(bt_ptr, stride_bt_b, table_cols, num_pages, b, held, n_new, page_size, G) == 0
+    if placed:
+        if role == 0:
+            _append_role(k_ptr, stride_xb, stride_xh, stride_xt, kr_ptr, stride_rb, stride_rh, stride_rt,
+                         kw_ptr, stride_kw_p, stride_kw_h, stride_kw_t, ks_ptr, kz_ptr, stride_ks_p, stride_ks_h,
+                         stride_ks_g, k_table_ptr, err_ptr, b, h, j, share, held, n_new, page_size, bt_ptr,
+                         stride_bt_b, D, G, BITS, TILE, SHARES, WORDS, True, SCALE_FP16, FLOOR, SCALE_MAX, INTERPRET)
+        else:
+            _append_role(v_ptr, stride_xb, stride_xh, stride_xt, vr_ptr, stride_rb, stride_rh, stride_rt,
+                         vw_ptr, stride_vw_p, stride_vw_h, stride_vw_t, vs_ptr, vz_ptr, stride_vs_p, stride_vs_h,
+                         stride_vs_t, v_table_ptr, err_ptr, b, h, j, share, held, n_new, page_size, bt_ptr,
+                         stride_bt_b, D, G, BITS, TILE, SHARES, WORDS, False, SCALE_FP16, FLOOR, SCALE_MAX, INTERPRET)
+    elif (h == 0) & (tl.program_id(2) == 0):
+        tl.atomic_or(err_ptr, 1)  # ERROR_NO_PAGE
     # the sequence's last program to finish grows its length: every program of it has read the
-    # length before its arrival (release), and the last one sees them all (acquire); a group that
-    # found no page (counted in the second word) leaves the length as it was, so that it never
-    # claims tokens that were not stored
-    if missing != 0:
-        tl.atomic_add(arrivals_ptr + 2 * b + 1, 1, sem="relaxed")
-    arrived = tl.atomic_add(arrivals_ptr + 2 * b, 1, sem="acq_rel")
+    # length before its arrival (release), and the last one sees them all (acquire); a chunk
+    # that could not be placed leaves it, so that it never claims tokens that were not stored
+    arrived = tl.atomic_add(arrivals_ptr + b, 1, sem="acq_rel")
     if arrived == tl.num_programs(1) * tl.num_programs(2) - 1:
-        if tl.atomic_xchg(arrivals_ptr + 2 * b + 1, 0, sem="acq_rel") == 0:
+        if placed:
             tl.store(lens_ptr + b, held + n_new)
-        tl.store(arrivals_ptr + 2 * b, 0)
+        tl.store(arrivals_ptr + b, 0)
 
 
 # ----------------------------------------------------------------------------- launch
@@ -228,8 +258,7 @@ class AppendLaunch:
     """Appends into ``view`` (its tensors fixed; the lengths, residual windows and block table read
     at each launch), with the word tables ``sources`` (k, v: word_sources) and the error word
     ``errors`` int32 [1]: the arguments laid out once, each call a launch of _append_kernel and
-    with ``arrivals`` int32 [B, 2] (zeros) for the kernel's count of finished programs and of groups
-    without a page. No host
+    with ``arrivals`` int32 [B] (zeros) for the kernel's count of finished programs. No host
     synchronization."""
 
     def __init__(self, view: PagedQuantizedKV, sources: tuple[torch.Tensor, torch.Tensor], errors: torch.Tensor,
@@ -278,7 +307,7 @@ def launch_append(view: PagedQuantizedKV, k: torch.Tensor, v: torch.Tensor, chun
     """One append through a fresh :class:`AppendLaunch` (tables made for this call; a cache keeps
     its own launch and tables instead)."""
     tables = tuple(word_sources(view.bits, role, view.head_dim, view.tile, view.warps, k.device) for role in "kv")
-    arrivals = torch.zeros(view.seq_lens.shape[0], 2, dtype=torch.int32, device=k.device)
+    arrivals = torch.zeros(view.seq_lens.shape[0], dtype=torch.int32, device=k.device)
     AppendLaunch(view, tables, errors, arrivals)(k, v, chunk_lens)
 
 
@@ -286,45 +315,71 @@ def launch_append(view: PagedQuantizedKV, k: torch.Tensor, v: torch.Tensor, chun
 def append_torch(view: PagedQuantizedKV, k: torch.Tensor, v: torch.Tensor, chunk_lens: torch.Tensor | None,
                  errors: torch.Tensor) -> None:
     """What _append_kernel does, in torch (reads the lengths on the host): a sequence a group of
-    which finds no page keeps its length."""
-    g, p, d = view.group_size, view.page_size, view.head_dim
+    whose chunk finds no page is left as it was."""
     counts = [k.shape[2]] * k.shape[0] if chunk_lens is None else chunk_lens.tolist()
     for b, (held, n_new) in enumerate(zip(view.seq_lens.tolist(), list(counts), strict=True)):
-        r = held % g
-        ks = torch.cat([view.k_residual[b, :, :r], k[b, :, :n_new]], dim=1)  # [H, r + n_new, D]
-        vs = torch.cat([view.v_residual[b, :, :r], v[b, :, :n_new]], dim=1)
-        full = (r + n_new) // g * g
-        for j in range(full // g):
-            start = held - r + j * g
-            page = int(view.block_table[b, start // p]) if start // p < view.block_table.shape[1] else -1
-            if not 0 <= page < view.num_pages:
-                errors |= ERROR_NO_PAGE
-                counts[b] = 0  # the length never claims tokens that were not stored
-                continue
-            off = start % p
-            kg, vg = ks[None, :, j * g:(j + 1) * g], vs[None, :, j * g:(j + 1) * g]
-            _, k_scale, k_zero = _quantize_torch(kg, view.bits, g, view.scale_dtype, True)
-            _, v_scale, v_zero = _quantize_torch(vg, view.bits, g, view.scale_dtype, False)
-            finite = bool(torch.isfinite(k_scale.to(view.scale_dtype)).all()) and bool(
-                torch.isfinite(v_scale.to(view.scale_dtype)).all())
-            if not finite:
-                errors |= ERROR_NOT_FINITE
-            view.k_scale[page, :, off // g] = k_scale[0, :, 0]
-            view.k_zero[page, :, off // g] = k_zero[0, :, 0]
-            view.v_scale[page, :, off:off + g] = v_scale[0]
-            view.v_zero[page, :, off:off + g] = v_zero[0]
-            codes = _codes_of(kg, vg, view)
-            for i in range(g // view.tile):
-                rows = slice(i * view.tile, (i + 1) * view.tile)
-                tile_idx = (off + i * view.tile) // view.tile
-                for role, c in zip(("k", "v"), codes, strict=True):
-                    tile = c[:, rows] if role == "k" else c[:, rows].transpose(-1, -2)
-                    words = view.k_words if role == "k" else view.v_words
-                    words[page, :, tile_idx] = pack_tile(tile, view.bits, role, d, view.tile, view.warps)
-        rest = r + n_new - full
-        view.k_residual[b, :, :rest] = ks[:, full:]
-        view.v_residual[b, :, :rest] = vs[:, full:]
+        if not _has_its_pages(view, b, held, n_new):
+            errors |= ERROR_NO_PAGE
+            counts[b] = 0  # the length never claims tokens that were not stored
+            continue
+        errors |= _append_sequence_torch(view, b, held, k[b, :, :n_new], v[b, :, :n_new])
     view.seq_lens += torch.tensor(counts, dtype=view.seq_lens.dtype, device=view.seq_lens.device)
+
+
+def _has_its_pages(view: PagedQuantizedKV, b: int, held: int, n_new: int) -> bool:
+    """Whether every group that n_new tokens complete on sequence b, which holds ``held``, lies in
+    a page of the pool (_pages_missing)."""
+    g, p = view.group_size, view.page_size
+    first, end = held // g * g, (held + n_new) // g * g
+    if end <= first:
+        return True
+    wanted = range(first // p, -(-end // p))
+    entries = view.block_table[b, wanted.start:wanted.stop]
+    return len(entries) == len(wanted) and bool(((entries >= 0) & (entries < view.num_pages)).all())
+
+
+def _append_sequence_torch(view: PagedQuantizedKV, b: int, held: int, k: torch.Tensor, v: torch.Tensor) -> int:
+    """Append k, v [H, n, D] to sequence b, which holds ``held`` tokens and has the pages they
+    reach (its length is the caller's); returns the ERROR_* bits of its completed groups."""
+    g, p, d = view.group_size, view.page_size, view.head_dim
+    found = 0
+    r = held % g
+    ks = torch.cat([view.k_residual[b, :, :r], k], dim=1)  # [H, r + n, D]
+    vs = torch.cat([view.v_residual[b, :, :r], v], dim=1)
+    full = (r + k.shape[1]) // g * g
+    for j in range(full // g):
+        start = held - r + j * g
+        page, off = int(view.block_table[b, start // p]), start % p
+        kg, vg = ks[None, :, j * g:(j + 1) * g], vs[None, :, j * g:(j + 1) * g]
+        _, k_scale, k_zero = _quantize_torch(kg, view.bits, g, view.scale_dtype, True)
+        _, v_scale, v_zero = _quantize_torch(vg, view.bits, g, view.scale_dtype, False)
+        found |= _scale_errors(k_scale, view.scale_dtype) | _scale_errors(v_scale, view.scale_dtype)
+        view.k_scale[page, :, off // g] = k_scale[0, :, 0]
+        view.k_zero[page, :, off // g] = k_zero[0, :, 0]
+        view.v_scale[page, :, off:off + g] = v_scale[0]
+        view.v_zero[page, :, off:off + g] = v_zero[0]
+        codes = _codes_of(kg, vg, view)
+        for i in range(g // view.tile):
+            rows = slice(i * view.tile, (i + 1) * view.tile)
+            tile_idx = (off + i * view.tile) // view.tile
+            for role, c in zip(("k", "v"), codes, strict=True):
+                tile = c[:, rows] if role == "k" else c[:, rows].transpose(-1, -2)
+                words = view.k_words if role == "k" else view.v_words
+                words[page, :, tile_idx] = pack_tile(tile, view.bits, role, d, view.tile, view.warps)
+    view.k_residual[b, :, :ks.shape[1] - full] = ks[:, full:]
+    view.v_residual[b, :, :vs.shape[1] - full] = vs[:, full:]
+    return found
+
+
+def _scale_errors(scale: torch.Tensor, scale_dtype: torch.dtype) -> int:
+    """ERROR_NOT_FINITE where a group's scale is NaN or Inf in the scale dtype; ERROR_SCALE_RANGE
+    where a finite fp32 scale exceeds fp16's range (the kernel's _flagged and _beyond_fp16)."""
+    scale = scale.to(scale_dtype)
+    finite = torch.isfinite(scale)
+    found = 0 if bool(finite.all()) else ERROR_NOT_FINITE
+    if scale_dtype == torch.float32 and bool((finite & (scale > FP16_MAX)).any()):
+        found |= ERROR_SCALE_RANGE
+    return found
 
 
 def _codes_of(kg: torch.Tensor, vg: torch.Tensor, view: PagedQuantizedKV) -> tuple[torch.Tensor, torch.Tensor]:

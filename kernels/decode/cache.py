@@ -42,7 +42,15 @@ from .._checks import (
 )
 from ..affine import INPUT_DTYPES, _check_config, _check_head_dim
 from ..kv_cache import CacheLengths, QuantizedKV
-from .append import ERROR_NO_PAGE, ERROR_NOT_FINITE, AppendLaunch, append_torch, word_sources
+from .append import (
+    ERROR_NO_PAGE,
+    ERROR_NOT_FINITE,
+    ERROR_SCALE_RANGE,
+    AppendLaunch,
+    append_torch,
+    word_sources,
+)
+from .checks import FP16_MAX
 from .layout import DECODE_BITS, check_arrangement, default_layout
 from .paged import PagedQuantizedKV, _require_page_size, paged_to_contiguous
 from .plan import DecodePlan
@@ -110,7 +118,7 @@ class PagedKVCache(CacheLengths):
         self.block_table = torch.full((max_seqs, max_pages_per_seq), -1, dtype=torch.int32, **kw)
         self.seq_lens = zeros(max_seqs, dtype=torch.int32, **kw)
         self.errors = zeros(1, dtype=torch.int32, **kw)  # page_append's ERROR_* bits
-        self.arrivals = zeros(max_seqs, 2, dtype=torch.int32, **kw)  # the append kernel's counts (page_append)
+        self.arrivals = zeros(max_seqs, dtype=torch.int32, **kw)  # the append kernel's counts (page_append)
         # where each bit of a K and a V tile's words comes from (page_append.word_sources)
         self.k_sources, self.v_sources = (word_sources(bits, role, head_dim, tile, warps, device) for role in "kv")
         self._free_pages = list(range(num_pages - 1, -1, -1))  # popped from the end: page 0 first
@@ -315,9 +323,13 @@ class PagedKVCache(CacheLengths):
             self.errors.zero_()
             what = []
             if found & ERROR_NO_PAGE:
-                what.append("a completed group had no page in its block-table row (reserve before replaying)")
+                what.append("a completed group had no page in its block-table row, so its sequence's chunk was not stored "
+                            "(reserve before replaying)")
             if found & ERROR_NOT_FINITE:
                 what.append("a completed group held NaN or Inf, or its scale overflowed the scale dtype")
+            if found & ERROR_SCALE_RANGE:
+                what.append(f"a completed group's fp32 scale exceeds fp16's range ({FP16_MAX:g}), which the fused "
+                            f"decode (backend='triton') carries as fp16 operands: attend with backend='torch'")
             raise ValueError("append: " + "; ".join(what))
 
     # -- appending ---------------------------------------------------------------------

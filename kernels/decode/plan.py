@@ -51,7 +51,7 @@ class DecodePlan:
             sm_scale = 1.0 / math.sqrt(d)
         check_sm_scale(sm_scale)
         check_num_splits(num_splits)
-        check_scale_range(view)
+        check_scale_range(view)  # once: later appends flag theirs (ERROR_SCALE_RANGE, check_errors)
         self.view, self.q_heads, self.q_dtype, self.max_len, self.sm_scale = view, q_heads, q_dtype, max_len, sm_scale
         batch, device = view.block_table.shape[0], view.k_words.device
         self.shape = (batch, q_heads, d)
