@@ -29,6 +29,7 @@ from collections.abc import Iterable, Sequence
 from contextlib import closing
 from pathlib import Path
 
+from .measure.noise import Timing
 from .records import (
     BASELINE_FORMAT,
     CONFIRM_SUFFIX,
@@ -285,10 +286,7 @@ def _case_identity(suite: str, nodeid: str) -> tuple[str, str]:
 
 def _spread_across(values: list[float]) -> dict:
     """How a case's per-run medians spread: how many, the fastest, interquartile range, MAD."""
-    median = statistics.median(values)
-    q1, _, q3 = statistics.quantiles(values, n=4, method="inclusive") if len(values) > 1 else (values[0],) * 3
-    return {"ms_n": len(values), "ms_min": min(values), "ms_iqr": q3 - q1,
-            "ms_mad": statistics.median(abs(v - median) for v in values), "spread": "runs"}
+    return {**Timing.of(values).metrics("ms"), "spread": "runs"}
 
 
 def _severity(outcome: str) -> int:

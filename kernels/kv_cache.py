@@ -337,7 +337,12 @@ def _quantize_groups(qkv: QuantizedKV, k, v, token_offset: int, backend: str, er
         codes[:, :, rows] = c
         scale[:, :, sel] = s
         zero[:, :, sel] = z
-        errors.bitwise_or_((~torch.isfinite(s)).any().to(torch.int32))
+        _flag_non_finite(errors, s)
+
+
+def _flag_non_finite(errors: torch.Tensor, x: torch.Tensor) -> None:
+    """Makes ``errors`` (int32 [1]) nonzero where ``x`` holds NaN or Inf, with nothing read back."""
+    errors.bitwise_or_((~torch.isfinite(x)).any().to(torch.int32))
 
 
 def _check_written_scales(qkv: QuantizedKV, k, v, token_offset: int) -> None:
@@ -405,7 +410,7 @@ def quantize_kv(
         if n > full:
             for x, window in ((k, qkv.k_residual), (v, qkv.v_residual)):
                 window[sel, :, : n - full] = x[sel, :, full:n]
-                errors.bitwise_or_((~torch.isfinite(x[sel, :, full:n])).any().to(torch.int32))
+                _flag_non_finite(errors, x[sel, :, full:n])
     if errors.item():  # the one read-back: which part and why, as each part's checks say it
         for sel, full in zip(rows, fulls, strict=True):
             n = lens[sel.start or 0] if lens else 0

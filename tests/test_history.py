@@ -384,3 +384,25 @@ def test_a_run_already_in_the_history_is_not_its_own_baseline(tmp_path, monkeypa
     history.add_runs([now], db)
     comparison = compare_rolling(load_results([now]), 1, db)
     assert [(f.kind, f.case) for f in comparison.regressions] == [("slower", "t")]  # against day 6, not itself
+
+
+def test_the_history_finds_a_five_percent_slowdown_that_a_baseline_file_lets_pass(tmp_path):
+    """Runs of one GPU that agree within 0.5% make their history a tighter yardstick than a baseline
+    file (ROLLING_THRESHOLD_PCT, ROLLING_NOISE_FLOOR_PCT): +5% is a regression against the history
+    and not against the same figures as a file (10%); against a history that spreads by 6% it is
+    within the noise."""
+    from harness.report import compare, load_results
+    from harness.report.baseline import compare_rolling
+
+    tight, loose = tmp_path / "tight.sqlite", tmp_path / "loose.sqlite"
+    for db, spread in ((tight, (1.000, 1.004, 0.997, 1.002)), (loose, (1.00, 1.06, 0.94, 1.03))):
+        history.add_runs([_bench_run(tmp_path / db.stem, f"gpu_verify-L-bench{i}", f"2026-12-0{i + 1}T00:00:00",
+                                     {"t": ms}) for i, ms in enumerate(spread)], db)
+    now = load_results([_bench_run(tmp_path, "now", "2026-12-09T00:00:00", {"t": 1.05})])
+    assert [(f.kind, f.case) for f in compare_rolling(now, 4, tight).regressions] == [("slower", "t")]
+    against_file = compare(now, history.rolling_baseline(LEG, "NVIDIA H200", last=4, path=tight))
+    assert not against_file.regressions and not against_file.within_noise  # under the file's 10%
+    loose_check = compare_rolling(now, 4, loose)
+    assert not loose_check.regressions and [f.case for f in loose_check.within_noise] == ["t"]
+    # an explicit threshold still decides
+    assert not compare_rolling(now, 4, tight, threshold_pct=10.0).regressions

@@ -1,6 +1,7 @@
 """Measuring: figures a run records about speed and cost. Imports nothing else of the harness.
 
-- ``noise``: the noise of a median time from its repeats' spread (standard library only).
+- ``noise``: the repeats' spread of a timing (``Timing``) and the noise of its median from it
+  (standard library only).
 - ``timing``: kernel timings with their repeats' spread (``do_bench``, CUDA-graph replay), whether
   a call is bound by the host or the device, the copy and write bandwidth ceilings,
   ``bandwidth_metrics``.

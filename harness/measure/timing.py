@@ -13,13 +13,13 @@ says whether the figure is the device's time or the host's cost of issuing the c
 
 from __future__ import annotations
 
-import statistics
 import time
-from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from collections.abc import Callable
 from functools import cache
 
 import torch
+
+from .noise import Timing  # defined without torch, so the run history can summarize runs with it
 
 COPY_BYTES = 2 * 2**30  # source size for the ceiling: far larger than any L2
 ROTATE_BYTES = 192 << 20  # bytes read across one replay's calls: several times an H200's 60 MB L2
@@ -28,41 +28,6 @@ ROTATE_BYTES = 192 << 20  # bytes read across one replay's calls: several times 
 HOST_BOUND_RATIO = 0.8
 ISSUE_CALLS = 32  # back-to-back calls timed on the host: few enough never to fill the launch queue
 PROFILED_CALLS = 8  # calls whose device activity the profiler sums
-
-
-@dataclass(frozen=True)
-class Timing:
-    """The repeats of one timed call, in ms: how many, their median, the fastest, the
-    interquartile range and the median absolute deviation from the median."""
-
-    n: int
-    median: float
-    min: float
-    iqr: float
-    mad: float
-
-    @classmethod
-    def of(cls, samples: Iterable[float]) -> Timing:
-        xs = sorted(float(x) for x in samples)
-        if not xs:
-            raise ValueError("a timing needs at least one sample")
-        median = statistics.median(xs)
-        q1, _, q3 = statistics.quantiles(xs, n=4, method="inclusive") if len(xs) > 1 else (xs[0],) * 3
-        return cls(len(xs), median, xs[0], q3 - q1, statistics.median(abs(x - median) for x in xs))
-
-    def scaled(self, factor: float) -> Timing:
-        """The same repeats in other units (per call of a pass over several calls, say)."""
-        return Timing(self.n, self.median * factor, self.min * factor, self.iqr * factor, self.mad * factor)
-
-    def plus(self, other: Timing) -> Timing:
-        """Two calls made one after the other (a quantize, then its dequantize): medians and minima
-        add; so do the spreads, as if the two varied together (at most that for independent parts)."""
-        return Timing(min(self.n, other.n), self.median + other.median, self.min + other.min,
-                      self.iqr + other.iqr, self.mad + other.mad)
-
-    def metrics(self, name: str = "ms") -> dict:
-        """The spread as record metrics beside the median ``name`` (``ms_n``, ``ms_min``, ...)."""
-        return {f"{name}_n": self.n, f"{name}_min": self.min, f"{name}_iqr": self.iqr, f"{name}_mad": self.mad}
 
 
 def _on_gpu(device=None) -> bool:

@@ -564,6 +564,11 @@ def merge_comparisons(parts: list[Comparison], *, source: str, not_comparable: l
 
 ROLLING_SPEC = "history"  # --baseline history[:N]: the rolling baseline of the run history
 DEFAULT_ROLLING_RUNS = 5
+# Against the history, the noise of each case is measured across runs of the same GPU model, so
+# the threshold and the floor under that noise can be lower than a baseline file's, which was
+# timed once, perhaps on another machine (H200 visits differ by up to 10%; runs within one by 0.2-2.4%)
+ROLLING_THRESHOLD_PCT = 3.0
+ROLLING_NOISE_FLOOR_PCT = 1.0
 
 
 def rolling_runs(spec: str) -> int | None:
@@ -581,9 +586,12 @@ def rolling_runs(spec: str) -> int | None:
 
 def compare_rolling(results: ResultSet, last: int, history_path, **options) -> Comparison:
     """Each GPU leg of ``results`` against the rolling baseline of its own last ``last`` complete
-    runs on the same GPU model in the run history (harness.history.rolling_baseline); runs of
+    runs on the same GPU model in the run history (harness.history.rolling_baseline), with
+    ROLLING_THRESHOLD_PCT and ROLLING_NOISE_FLOOR_PCT unless ``options`` say otherwise; runs of
     other modes are not compared. HistoryError when the history cannot be read."""
     from .. import history
+
+    options = {"threshold_pct": ROLLING_THRESHOLD_PCT, "noise_floor_pct": ROLLING_NOISE_FLOOR_PCT, **options}
 
     groups: dict[tuple[str, str], list[Run]] = {}
     for run in results.runs:

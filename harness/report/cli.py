@@ -11,6 +11,7 @@ from .ab import ab_for_report
 from .baseline import (
     DEFAULT_ERROR_FACTOR,
     DEFAULT_THRESHOLD_PCT,
+    ROLLING_THRESHOLD_PCT,
     compare,
     compare_rolling,
     read_baseline,
@@ -29,8 +30,9 @@ def _common(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--baseline", metavar="PATH",
                         help="baseline JSON to compare against (reports/baselines/...), or history[:N]: "
                              "each GPU leg against its last N (default 5) complete runs in the run history")
-    parser.add_argument("--threshold", type=float, default=DEFAULT_THRESHOLD_PCT, metavar="PCT",
-                        help="flag slowdowns over this many percent (default %(default)s)")
+    parser.add_argument("--threshold", type=float, default=None, metavar="PCT",
+                        help=f"flag slowdowns over this many percent (default {DEFAULT_THRESHOLD_PCT:g} against a "
+                             f"baseline file, {ROLLING_THRESHOLD_PCT:g} against the history)")
     parser.add_argument("--error-factor", type=float, default=DEFAULT_ERROR_FACTOR, metavar="X",
                         help="flag worst errors that grew over X times the baseline (default %(default)s)")
     parser.add_argument("--fail-on", choices=("never", "failures", "regressions"), default="never",
@@ -84,7 +86,9 @@ def _exit_code(summary, fail_on: str) -> int:
 def _comparison(parser: argparse.ArgumentParser, args, results):
     """The results against ``--baseline``: a baseline file, or the rolling baseline of the run
     history (``history[:N]``, the database of ``--history`` or $KVH_HISTORY)."""
-    options = {"threshold_pct": args.threshold, "error_factor": args.error_factor}
+    options = {"error_factor": args.error_factor}
+    if args.threshold is not None:
+        options["threshold_pct"] = args.threshold
     try:
         last = rolling_runs(args.baseline)
         if last is not None:
@@ -136,7 +140,8 @@ def main(argv: list[str] | None = None) -> int:
     with open(markdown_path, "a" if args.summary_md else "w", encoding="utf-8") as fh:
         fh.write(markdown_summary(summary, report_name=output.name))
     if args.write_baseline:
-        write_baseline(args.write_baseline, results, threshold_pct=args.threshold)
+        write_baseline(args.write_baseline, results,
+                       threshold_pct=DEFAULT_THRESHOLD_PCT if args.threshold is None else args.threshold)
     sys.stdout.write(text_summary(summary, report_path=output, junit_path=junit, markdown_path=markdown_path))
     if args.write_baseline:
         sys.stdout.write(f"  baseline: {args.write_baseline}\n")
