@@ -135,10 +135,11 @@ def run_checked(record, q, cache, *, backend="triton", seq_lens=None, sm_scale=N
 
 
 # ----------------------------------------------------------------------------- benchmark
-# (B, Hq, Hkv, S, D): the decode benchmark's shapes on a GPU; one tiny shape in the interpreter
+# (B, Hq, Hkv, S, D): the decode benchmark's shapes on a GPU (at the default group size 64; D = 256
+# is Gemma's head, four V scale groups per token); one tiny shape in the interpreter
 GPU_BENCH_SHAPES = [
     (1, 32, 32, 4096, 128), (1, 32, 32, 16384, 128), (1, 32, 32, 32768, 128), (1, 32, 32, 131072, 128),
-    (8, 32, 8, 32768, 128), (32, 32, 32, 8192, 128),
+    (8, 32, 8, 32768, 128), (32, 32, 32, 8192, 128), (1, 16, 8, 32768, 256),
 ]
 CPU_BENCH_SHAPES = [(1, 2, 2, 256, 64)]
 

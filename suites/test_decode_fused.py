@@ -206,17 +206,18 @@ def test_other_bit_widths(record, device, bits):
     run_checked(record, q, _cache(k, v, bits=bits), original=(k, v))
 
 
-@pytest.mark.parametrize("dim, group_size", [(128, 64), (256, 128)])
+@pytest.mark.parametrize("dim, group_size", [(128, 64), (256, 128), (256, 64)])
 def test_head_dims(record, device, dim, group_size):
-    """D = 128 and D = 256 (with G = 128: the fused kernel serves at most two V scale groups)."""
+    """D = 128 and D = 256, with G = 128 (two V scale groups per token) and G = 64 (four)."""
     k, v = random_kv(1, 1, group_size + 6, dim, device=device, seed=110 + dim)
     q = random_q(1, 2, dim, device=device, seed=111)
     run_checked(record, q, _cache(k, v, group_size=group_size), original=(k, v))
 
 
-@pytest.mark.parametrize("group_size, dim", [(32, 64), (128, 128)])
+@pytest.mark.parametrize("group_size, dim", [(32, 64), (128, 128), (32, 128)])
 def test_group_sizes(record, device, group_size, dim):
-    """G = 32 (two V scale groups per token of D = 64, tile 32) and G = 128 (one group, tile 64)."""
+    """G = 32 (two V scale groups per token of D = 64, tile 32), G = 128 (one group, tile 64) and
+    G = 32 of D = 128 (four groups per token, one word of codes per thread: split as registers)."""
     k, v = random_kv(1, 1, 2 * group_size + 5, dim, device=device, seed=120 + group_size)
     q = random_q(1, 1, dim, device=device, seed=121)
     run_checked(record, q, _cache(k, v, group_size=group_size), original=(k, v))
@@ -274,10 +275,16 @@ def test_other_layouts(record, device, tile, warps):
     run_checked(record, q, decode_view(cache, tile=tile, warps=warps))
 
 
-@pytest.mark.parametrize("dim, group_size, tile, warps", [(64, 32, 16, 1), (128, 64, 16, 2), (64, 32, 32, 2)])
-def test_two_v_groups_in_one_group_per_thread(record, device, dim, group_size, tile, warps):
-    """Arrangements in which each thread holds one group of a V tile that spans two V scale
-    groups: the kernel splits the group's registers between the two channel groups."""
+@pytest.mark.parametrize("dim, group_size, tile, warps", [
+    (64, 32, 16, 1), (128, 64, 16, 2), (64, 32, 32, 2),  # two V groups, one group of codes per thread
+    (128, 32, 32, 4),  # four V groups from one group per thread: split by register bits r3 and r2
+    (128, 32, 16, 1),  # four from two groups per thread: split by word, then by r3
+    (256, 64, 64, 4),  # four from four groups per thread: split by word
+])
+def test_v_groups_split_by_words_and_registers(record, device, dim, group_size, tile, warps):
+    """Arrangements in which a thread's code words of a V tile span two or four V scale groups:
+    the kernel splits them between the channel groups as whole words where a thread holds enough
+    of them, and within a group's registers where it does not."""
     k, v = random_kv(1, 2, 2 * group_size + 7, dim, device=device, seed=175 + tile + warps)
     q = random_q(1, 2, dim, device=device, seed=176)
     cache = _cache(k, v, group_size=group_size)

@@ -51,7 +51,7 @@ def decode_attention(
     sequence (default ``cache.seq_lens``; each in [1, cache.seq_lens]). sm_scale:
     default ``1/sqrt(D)``. backend: ``"torch"`` (dequantize, then attention in fp32;
     any device) or ``"triton"`` (fused split-KV kernel; bits 2/3/4, D 64/128/256 with at most
-    two V groups per token, D / G <= 2: D = 256 needs G = 128); ``None`` picks Triton on a
+    four V groups per token, D / G <= 4: D = 256 with G = 64 or 128); ``None`` picks Triton on a
     GPU. num_splits: override the split count (Triton).
     out: optional [B, Hq, D] output buffer. Returns [B, Hq, D] in q's dtype.
 

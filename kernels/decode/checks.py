@@ -15,7 +15,7 @@ import torch
 from .._checks import require_dtype, require_rank, require_same_device, require_tensor
 from ..kv_cache import QuantizedKV
 from .kernel import LOG2E
-from .layout import DECODE_BITS, DECODE_HEAD_DIMS
+from .layout import DECODE_BITS, DECODE_HEAD_DIMS, MAX_V_GROUPS
 from .paged import PagedQuantizedKV
 
 Q_DTYPES = (torch.float16, torch.bfloat16)
@@ -43,8 +43,8 @@ def check_served(bits: int, head_dim: int, group_size: int) -> None:
         raise ValueError(f"backend='triton' serves cache bits {DECODE_BITS}; got {bits} (use 'torch')")
     if head_dim not in DECODE_HEAD_DIMS:
         raise ValueError(f"backend='triton' serves head_dim {DECODE_HEAD_DIMS}; got {head_dim} (use 'torch')")
-    if head_dim // group_size > 2:
-        raise ValueError(f"backend='triton' serves head_dim / group_size <= 2 (V scale groups per token); "
+    if head_dim // group_size > MAX_V_GROUPS:
+        raise ValueError(f"backend='triton' serves head_dim / group_size <= {MAX_V_GROUPS} (V scale groups per token); "
                          f"got head_dim {head_dim}, group_size {group_size} (use 'torch')")
 
 

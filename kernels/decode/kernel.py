@@ -26,7 +26,7 @@ Two kernels:
    _q_operand; for GQA q is held channel-major, a channel's heads in neighbouring lanes, the
    order in which q*s's columns go to shared memory for the product: a head-major q stored
    them with bank conflicts) and V scales into p per channel
-   group (each group's codes unpacked from its own words, _load_tile_halves); zero points
+   group (each group's codes unpacked from its own words, _load_tile_parts); zero points
    become a rank-1 correction (one bias per head for K, a sum over the tokens for V, per
    channel group). A tile's scales and zeros are loaded a tile ahead, 16-bit ones as 32-bit words
    where the rows allow it (two K channels, or a token's two V groups, a word: scale_words), and
@@ -226,41 +226,67 @@ def _place_pairs(pairs, N: tl.constexpr, K: tl.constexpr, WARPS: tl.constexpr, I
 def _load_tile(ptr, N: tl.constexpr, K: tl.constexpr, BITS: tl.constexpr, CLASSES: tl.constexpr, WARPS: tl.constexpr,
                INTERPRET: tl.constexpr):
     """Decode-arranged words of one tile -> fp16 [N, K] held codes (_place_pairs)."""
-    NRG: tl.constexpr = N * K // (32 * WARPS * 32)
-    w0, w1, w2, w3 = _load_words(ptr, NRG, 32 * WARPS, BITS)
-    return _place_pairs(_code_pairs(w0, w1, w2, w3, BITS, CLASSES), N, K, WARPS, INTERPRET)
+    return _load_tile_parts(ptr, N, K, 1, BITS, CLASSES, WARPS, INTERPRET)[0]
 
 
 @triton.jit
-def _word_halves(w, T: tl.constexpr, NRG: tl.constexpr):
-    """uint32 [T, NRG] -> the thread's first and last NRG / 2 groups, [T, NRG / 2] each."""
-    return tl.split(tl.permute(tl.reshape(w, [T, 2, NRG // 2]), (0, 2, 1)))
+def _split_rows(x, T: tl.constexpr, PARTS: tl.constexpr):
+    """Per-thread values [T, R] -> a tuple of PARTS [T, R / PARTS], part j the thread's values
+    j R / PARTS to (j + 1) R / PARTS - 1, in order (PARTS 1, 2 or 4)."""
+    R: tl.constexpr = x.shape[1] // PARTS
+    if PARTS == 1:
+        return (x,)
+    elif PARTS == 2:
+        first, last = tl.split(tl.permute(tl.reshape(x, [T, 2, R]), (0, 2, 1)))
+        return first, last
+    else:
+        # [T, R, high bit, low bit] of the part's index, split by the low bit, then the high one
+        low0, low1 = tl.split(tl.permute(tl.reshape(x, [T, 2, 2, R]), (0, 3, 1, 2)))
+        p0, p2 = tl.split(low0)
+        p1, p3 = tl.split(low1)
+        return p0, p1, p2, p3
 
 
 @triton.jit
-def _load_tile_halves(ptr, N: tl.constexpr, K: tl.constexpr, BITS: tl.constexpr, CLASSES: tl.constexpr,
-                      WARPS: tl.constexpr,
-                      INTERPRET: tl.constexpr):
-    """Rows [0, N/2) and [N/2, N) of _load_tile, each fp16 [N / 2, K]. The top bit of a row is the
-    top bit of the thread's value index (_place_pairs): with several groups per thread the
-    first and the last half of its groups, split as words; with one group, its registers 0-7
-    and 8-15 (index bit r3 of _code_pairs), split as registers. Either way each half is unpacked
-    straight into its own operand layout (no 16-bit halves to regroup)."""
+def _load_tile_parts(ptr, N: tl.constexpr, K: tl.constexpr, PARTS: tl.constexpr, BITS: tl.constexpr,
+                     CLASSES: tl.constexpr, WARPS: tl.constexpr, INTERPRET: tl.constexpr):
+    """_load_tile as a tuple of PARTS (1, 2 or 4) row blocks, fp16 [N / PARTS, K] each, part j
+    rows [j N / PARTS, (j + 1) N / PARTS): a V tile's channel groups. The top bits of a row are
+    the top bits of the thread's value index (_place_pairs): split first as whole words (the
+    thread's groups), then, where a part is one group, as its registers (index bits r3, r2 of
+    _code_pairs). Either way each part is unpacked straight into its own operand layout (no
+    16-bit halves to regroup)."""
     T: tl.constexpr = 32 * WARPS
     NRG: tl.constexpr = N * K // (T * 32)
+    WORD_PARTS: tl.constexpr = PARTS if NRG >= PARTS else NRG
+    REG_PARTS: tl.constexpr = PARTS // WORD_PARTS
     w0, w1, w2, w3 = _load_words(ptr, NRG, T, BITS)
-    if NRG == 1:
-        lo, hi = tl.split(tl.permute(tl.reshape(_code_pairs(w0, w1, w2, w3, BITS, CLASSES), [T, 2, 8]), (0, 2, 1)))
-        first = _place_pairs(lo, N // 2, K, WARPS, INTERPRET)
-        last = _place_pairs(hi, N // 2, K, WARPS, INTERPRET)
+    a0 = _split_rows(w0, T, WORD_PARTS)
+    a1 = _split_rows(w1, T, WORD_PARTS)
+    a2 = _split_rows(w2, T, WORD_PARTS)
+    a3 = _split_rows(w3, T, WORD_PARTS)
+    pairs = _code_pairs(a0[0], a1[0], a2[0], a3[0], BITS, CLASSES)
+    REGS: tl.constexpr = 16 * NRG // WORD_PARTS  # registers of a word part (_code_pairs)
+    parts = _place_parts(pairs, T, REGS, N // PARTS, K, REG_PARTS, WARPS, INTERPRET)
+    for j in tl.static_range(1, WORD_PARTS):
+        pairs = _code_pairs(a0[j], a1[j], a2[j], a3[j], BITS, CLASSES)
+        parts = parts + _place_parts(pairs, T, REGS, N // PARTS, K, REG_PARTS, WARPS, INTERPRET)
+    return parts
+
+
+@triton.jit
+def _place_parts(pairs, T: tl.constexpr, REGS: tl.constexpr, N: tl.constexpr, K: tl.constexpr, PARTS: tl.constexpr,
+                 WARPS: tl.constexpr, INTERPRET: tl.constexpr):
+    """_code_pairs registers of whole groups -> a tuple of PARTS [N, K] operands, split by the
+    registers' top index bits (_split_rows)."""
+    if PARTS == 1:
+        return (_place_pairs(pairs, N, K, WARPS, INTERPRET),)
     else:
-        a0, b0 = _word_halves(w0, T, NRG)
-        a1, b1 = _word_halves(w1, T, NRG)
-        a2, b2 = _word_halves(w2, T, NRG)
-        a3, b3 = _word_halves(w3, T, NRG)
-        first = _place_pairs(_code_pairs(a0, a1, a2, a3, BITS, CLASSES), N // 2, K, WARPS, INTERPRET)
-        last = _place_pairs(_code_pairs(b0, b1, b2, b3, BITS, CLASSES), N // 2, K, WARPS, INTERPRET)
-    return first, last
+        regs = _split_rows(tl.reshape(pairs, [T, REGS]), T, PARTS)
+        placed = (_place_pairs(regs[0], N, K, WARPS, INTERPRET),)
+        for i in tl.static_range(1, PARTS):
+            placed = placed + (_place_pairs(regs[i], N, K, WARPS, INTERPRET),)
+        return placed
 
 
 @triton.jit
@@ -394,14 +420,14 @@ def _tile_params(
     cache, b, h, page, page_idx, off, t0, live, code_len, D: tl.constexpr, G: tl.constexpr,
     BLOCK_T: tl.constexpr, SCALE_WORDS: tl.constexpr,
 ):
-    """(page, offset, K scale and zero [D] per channel, V scale and zero [T] per token for channel
-    groups 0 and 1, page_idx) of the tile at token t0 of its sequence, token off of its page_idx-th
+    """(page, offset, K scale and zero [D] per channel, V scales and zeros (tuples of D / G [T],
+    one per channel group), page_idx) of the tile at token t0 of its sequence, token off of its page_idx-th
     block-table entry (page, _page), from the cache tuple (_cache_tuple), as loaded (masked tokens read
     as 0): widened to fp32 only where the tile is attended (_tile_scales), a tile later, so that
     nothing waits on these loads in the tile that issues them. SCALE_WORDS (16-bit scales, two V
     groups per token, 4-byte aligned rows, scale_words): K scales and zeros come as uint32
     [D / 4, 2] words of two channels, each token's two V scales (and zeros) as one uint32 word
-    (vs0, vz0; vs1 and vz1 repeat them), which needs no packing of 16-bit halves after the load.
+    (a tuple of one word), which needs no packing of 16-bit halves after the load.
     Loaded one tile ahead of their use by plain loads (the code words come through the compiler's
     pipelined asynchronous copies)."""
     NGV: tl.constexpr = D // G
@@ -427,17 +453,15 @@ def _tile_params(
     vbase = page * stride_vs_p + h * stride_vs_h + (off + tt) * stride_vs_t
     valid = (t0 + tt < code_len) & (tt < tl.where(live, BLOCK_T, 0))
     if SCALE_WORDS:
-        vs0 = tl.load((vs_ptr + vbase).to(tl.pointer_type(tl.uint32)), mask=valid, other=0)
-        vz0 = tl.load((vz_ptr + vbase).to(tl.pointer_type(tl.uint32)), mask=valid, other=0)
+        vs = (tl.load((vs_ptr + vbase).to(tl.pointer_type(tl.uint32)), mask=valid, other=0),)
+        vz = (tl.load((vz_ptr + vbase).to(tl.pointer_type(tl.uint32)), mask=valid, other=0),)
     else:
-        vs0 = tl.load(vs_ptr + vbase, mask=valid, other=0.0)
-        vz0 = tl.load(vz_ptr + vbase, mask=valid, other=0.0)
-    vs1 = vs0
-    vz1 = vz0
-    if NGV == 2 and not SCALE_WORDS:
-        vs1 = tl.load(vs_ptr + vbase + 1, mask=valid, other=0.0)
-        vz1 = tl.load(vz_ptr + vbase + 1, mask=valid, other=0.0)
-    return page, off, ks, kz, vs0, vz0, vs1, vz1, page_idx
+        vs = (tl.load(vs_ptr + vbase, mask=valid, other=0.0),)
+        vz = (tl.load(vz_ptr + vbase, mask=valid, other=0.0),)
+        for g in tl.static_range(1, NGV):
+            vs = vs + (tl.load(vs_ptr + vbase + g, mask=valid, other=0.0),)
+            vz = vz + (tl.load(vz_ptr + vbase + g, mask=valid, other=0.0),)
+    return page, off, ks, kz, vs, vz, page_idx
 
 
 @triton.jit
@@ -499,23 +523,25 @@ def _channel_pairs(w, SDT: tl.constexpr, INTERPRET: tl.constexpr):
 
 
 @triton.jit
-def _tile_scales(params, SDT: tl.constexpr, SCALE_WORDS: tl.constexpr, INTERPRET: tl.constexpr):
-    """A tile's scales and zeros as _tile_params loaded them -> fp32 (ks, kz [D]; vs0, vz0, vs1,
-    vz1 [T])."""
-    ks, kz, vs0, vz0, vs1, vz1 = params[2], params[3], params[4], params[5], params[6], params[7]
+def _tile_scales(params, SDT: tl.constexpr, NGV: tl.constexpr, SCALE_WORDS: tl.constexpr, INTERPRET: tl.constexpr):
+    """A tile's scales and zeros as _tile_params loaded them -> fp32 (ks, kz [D]; vs, vz: tuples of
+    NGV [T], one per V channel group)."""
+    ks, kz, vs, vz = params[2], params[3], params[4], params[5]
     if SCALE_WORDS:
         ks = _channel_pairs(ks, SDT, INTERPRET)
         kz = _channel_pairs(kz, SDT, INTERPRET)
-        vs0, vs1 = _widen_pair(vs0, SDT, INTERPRET)
-        vz0, vz1 = _widen_pair(vz0, SDT, INTERPRET)
+        vs = _widen_pair(vs[0], SDT, INTERPRET)
+        vz = _widen_pair(vz[0], SDT, INTERPRET)
     else:
         ks = _widen(ks, INTERPRET)
         kz = _widen(kz, INTERPRET)
-        vs0 = _widen(vs0, INTERPRET)
-        vz0 = _widen(vz0, INTERPRET)
-        vs1 = _widen(vs1, INTERPRET)
-        vz1 = _widen(vz1, INTERPRET)
-    return ks, kz, vs0, vz0, vs1, vz1
+        vs_words, vz_words = vs, vz
+        vs = (_widen(vs_words[0], INTERPRET),)
+        vz = (_widen(vz_words[0], INTERPRET),)
+        for g in tl.static_range(1, NGV):
+            vs = vs + (_widen(vs_words[g], INTERPRET),)
+            vz = vz + (_widen(vz_words[g], INTERPRET),)
+    return ks, kz, vs, vz
 
 
 @triton.jit
@@ -536,7 +562,7 @@ def _code_tile(
     WARPS: tl.constexpr, INTERPRET: tl.constexpr, MASKED: tl.constexpr,
 ):
     """Attend one tile of BLOCK_T quantized tokens (one page, one K scale group) and return the
-    softmax state (m, l_acc, acc0, acc1, zacc0, zacc1); params are the tile's (_tile_params).
+    softmax state (m, l_acc, accs, zaccs: one V accumulator and zero sum per channel group); params are the tile's (_tile_params).
     MASKED: the tile may end past code_len (the sequence's last code tile), whose logits beyond
     it are -inf.
 
@@ -551,9 +577,9 @@ def _code_tile(
     V: per-token scales folded into p, rounded once to fp16, one product per channel group (_v_group).
     """
     NGV: tl.constexpr = D // G
-    m, l_acc, acc0, acc1, zacc0, zacc1 = state
+    m, l_acc, accs, zaccs = state
     page, off = params[0], params[1]
-    ks, kz, vs0, vz0, vs1, vz1 = _tile_scales(params, cache[4].dtype.element_ty, SCALE_WORDS, INTERPRET)
+    ks, kz, vs, vz = _tile_scales(params, cache[4].dtype.element_ty, NGV, SCALE_WORDS, INTERPRET)
     kw_ptr, stride_kw_p, stride_kw_h, stride_kw_t = cache[0], cache[1], cache[2], cache[3]
     vw_ptr, stride_vw_p, stride_vw_h, stride_vw_t = cache[9], cache[10], cache[11], cache[12]
     kinv = _class_factors(tl.arange(0, D), BITS, CLASSES)[1]  # q32 carries the factors (_code_partial)
@@ -572,14 +598,15 @@ def _code_tile(
     vptr = vw_ptr + page * stride_vw_p + h * stride_vw_h + (off // BLOCK_T) * stride_vw_t
     # the class of V token t: by its reduction index (kernel_token_order)
     vf, vinv = _class_factors(_v_index(tl.arange(0, BLOCK_T)), BITS, CLASSES)
-    if NGV == 1:
-        v_codes = _load_tile(vptr, D, BLOCK_T, BITS, CLASSES, WARPS, INTERPRET)  # [D, BLOCK_T], held codes
-        acc0, zacc0 = _v_group(acc0, zacc0, p, alpha, v_codes, vs0 * vf, vz0 * vinv, HALF, VCOLS, BLOCK_T, INTERPRET)
-    else:
-        v0, v1 = _load_tile_halves(vptr, D, BLOCK_T, BITS, CLASSES, WARPS, INTERPRET)  # [G, BLOCK_T] each
-        acc0, zacc0 = _v_group(acc0, zacc0, p, alpha, v0, vs0 * vf, vz0 * vinv, HALF, VCOLS, BLOCK_T, INTERPRET)
-        acc1, zacc1 = _v_group(acc1, zacc1, p, alpha, v1, vs1 * vf, vz1 * vinv, HALF, VCOLS, BLOCK_T, INTERPRET)
-    return m_new, l_acc, acc0, acc1, zacc0, zacc1
+    v_codes = _load_tile_parts(vptr, D, BLOCK_T, NGV, BITS, CLASSES, WARPS, INTERPRET)  # [G, BLOCK_T] held codes each
+    acc, zacc = _v_group(accs[0], zaccs[0], p, alpha, v_codes[0], vs[0] * vf, vz[0] * vinv, HALF, VCOLS, BLOCK_T,
+                         INTERPRET)
+    new_accs, new_zaccs = (acc,), (zacc,)
+    for g in tl.static_range(1, NGV):
+        acc, zacc = _v_group(accs[g], zaccs[g], p, alpha, v_codes[g], vs[g] * vf, vz[g] * vinv, HALF, VCOLS, BLOCK_T,
+                             INTERPRET)
+        new_accs, new_zaccs = new_accs + (acc,), new_zaccs + (zacc,)
+    return m_new, l_acc, new_accs, new_zaccs
 
 
 @triton.jit
@@ -605,7 +632,7 @@ def _tile_step(
     """One step of a split's tile loop: fetch the next tile's page and scales, attend this tile
     (whose page and scales, params, the previous step fetched). Returns the softmax state and
     the next tile's parameters."""
-    page_idx, off = _next_position(params[8], params[1], cache[20], BLOCK_T)
+    page_idx, off = _next_position(params[6], params[1], cache[20], BLOCK_T)
     live = tile + 1 < t_end
     nxt = _tile_params(cache, b, h, _page(cache, b, page_idx, live), page_idx, off, (tile + 1) * BLOCK_T, live,
                        code_len, D, G, BLOCK_T, SCALE_WORDS)
@@ -628,7 +655,6 @@ def _code_partial(
     """Attend the split's tiles of quantized tokens and store its partial output and lse."""
     NGV: tl.constexpr = D // G
     HALF: tl.constexpr = COLS // 2
-    G1: tl.constexpr = G if NGV == 2 else 16  # second channel group's accumulator (unused when NGV = 1)
     # q32 [D, QROWS], one head per column (heads padded by repeats), from a channel-major load:
     # a channel's heads sit in neighbouring lanes, the order in which the K product's q*s columns
     # are stored to shared memory (from a head-major q those stores conflict)
@@ -640,9 +666,9 @@ def _code_partial(
     cache = _cache_tuple(kw_ptr, stride_kw_p, stride_kw_h, stride_kw_t, ks_ptr, kz_ptr, stride_ks_p, stride_ks_h,
                          stride_ks_g, vw_ptr, stride_vw_p, stride_vw_h, stride_vw_t, vs_ptr, vz_ptr, stride_vs_p,
                          stride_vs_h, stride_vs_t, bt_ptr, stride_bt_b, page_size)
-    state = (tl.full([HALF], float("-inf"), tl.float32), tl.zeros([BLOCK_T, HALF], tl.float32),
-             tl.zeros([G, VCOLS], tl.float32), tl.zeros([G1, VCOLS], tl.float32),
-             tl.zeros([HALF], tl.float32), tl.zeros([HALF], tl.float32))  # m, l_acc, acc0, acc1, zacc0, zacc1
+    # one V accumulator and zero-point sum per channel group
+    accs, zaccs = (tl.zeros([G, VCOLS], tl.float32),) * NGV, (tl.zeros([HALF], tl.float32),) * NGV
+    state = (tl.full([HALF], float("-inf"), tl.float32), tl.zeros([BLOCK_T, HALF], tl.float32), accs, zaccs)
     t_begin = split * tiles_per_split
     t0 = t_begin * BLOCK_T
     page_idx = t0 // page_size
@@ -670,17 +696,14 @@ def _code_partial(
     if t_whole < t_end:  # the last code tile, partly past code_len: masked
         state, params = _tile_step(state, params, cache, q32, b, h, t_whole, t_end, code_len, HALF, VCOLS, D, G, BITS,
                                    CLASSES, SCALE_WORDS, BLOCK_T, WARPS, INTERPRET, True)
-    m, l_acc, acc0, acc1, zacc0, zacc1 = state
+    m, l_acc, accs, zaccs = state
     l = tl.sum(l_acc, 0)
     inv = 1.0 / tl.where(l > 0.0, l, 1.0)
     heads = tl.arange(0, HALF)
-    out0 = tl.trans(_head_part(acc0, G, HALF, VCOLS)) * UNIT_INV - zacc0[:, None]
-    _store_partial(mid_o_ptr, b, h * GROUP + heads, split, stride_mo_b, stride_mo_h, stride_mo_s,
-                   out0 * inv[:, None], 0, heads < GROUP, G)
-    if NGV == 2:
-        out1 = tl.trans(_head_part(acc1, G, HALF, VCOLS)) * UNIT_INV - zacc1[:, None]
+    for g in tl.static_range(NGV):  # channel group g: channels [g G, (g + 1) G)
+        out = tl.trans(_head_part(accs[g], G, HALF, VCOLS)) * UNIT_INV - zaccs[g][:, None]
         _store_partial(mid_o_ptr, b, h * GROUP + heads, split, stride_mo_b, stride_mo_h, stride_mo_s,
-                       out1 * inv[:, None], G, heads < GROUP, G)
+                       out * inv[:, None], g * G, heads < GROUP, G)
     _store_lse(mid_lse_ptr, b, h * GROUP + heads, split, stride_ml_b, stride_ml_h, m, l, heads < GROUP)
 
 

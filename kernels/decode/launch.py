@@ -204,7 +204,8 @@ def _aot_specs() -> list[AotSpec]:
     specs = [split_spec(**case) for case in (  # one per structurally different kernel
         {}, {"group": 8}, {"d": 64}, {"d": 256, "g": 128}, {"bits": 2}, {"bits": 4}, {"d": 64, "g": 32},
         {"dtype": "bf16", "group": 4}, {"tile": 64, "warps": 2}, {"tile": 64, "warps": 4},
-        {"tile": 16, "warps": 1}, {"d": 64, "g": 32, "tile": 16, "warps": 1},
+        {"tile": 16, "warps": 1}, {"d": 64, "g": 32, "tile": 16, "warps": 1}, {"d": 256, "g": 64},
+        {"g": 32},
     )]
     for dtype in ("fp16", "bf16"):
         specs.append(AotSpec(

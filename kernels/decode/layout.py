@@ -52,6 +52,7 @@ from ..packing import pack_bits, unpack_bits
 
 DECODE_BITS = (2, 3, 4)
 DECODE_HEAD_DIMS = (64, 128, 256)
+MAX_V_GROUPS = 4  # V scale groups per token (D / G) the kernel splits a V tile into
 TILES = (16, 32, 64)  # tokens per tile
 WARPS = (1, 2, 4)  # warps of the kernel program the arrangement is made for
 DEFAULT_TILE, DEFAULT_WARPS = 64, 1  # measured on an H200: 1 warp beats 2 and 4 (no cross-warp steps)
