@@ -4,7 +4,8 @@
 ``python -m harness.history add RUN_DIR...`` appends run directories (``records.jsonl`` and
 ``manifest.json``, harness.records); ``list`` lists the runs; ``export --format csv|json``
 writes every case; ``prune --keep N`` keeps the newest N runs of each (leg, GPU) and, apart, its
-newest N A/B rounds. The database is ``$KVH_HISTORY`` (default ``~/.cache/kvbits/history.sqlite``).
+newest N A/B rounds; ``baseline --leg L -o FILE`` writes the rolling baseline of L's last runs as
+a baseline file (each case's spread across those runs, machines or visits, as its noise). The database is ``$KVH_HISTORY`` (default ``~/.cache/kvbits/history.sqlite``).
 
 Durability: the database runs in WAL mode with a busy timeout, so several runners or processes
 may write at once; each run goes in as one transaction, so a process killed mid-write leaves the
@@ -32,6 +33,7 @@ from pathlib import Path
 from .measure.noise import Timing
 from .records import (
     BASELINE_FORMAT,
+    BASELINE_THRESHOLD_PCT,
     CONFIRM_SUFFIX,
     MANIFEST_FILE,
     OUTCOME_SEVERITY,
@@ -39,6 +41,7 @@ from .records import (
     read_manifest,
     read_records,
     utc_now,
+    write_json_atomic,
 )
 
 DEFAULT_PATH = Path("~/.cache/kvbits/history.sqlite")
@@ -364,6 +367,25 @@ def rolling_baseline(leg: str, gpu: str | None, *, last: int = 5, path: Path | N
     }
 
 
+def write_rolling_baseline(output: str | os.PathLike, leg: str, gpu: str | None = None, *, last: int = 5,
+                           path: Path | None = None, threshold_pct: float = BASELINE_THRESHOLD_PCT) -> dict:
+    """Write :func:`rolling_baseline` of ``leg`` on ``gpu`` (default: the only GPU model the leg ran
+    on) as a baseline file, so that the spread of the runs it was made from, across machines or
+    visits when they were, is the noise a later run is judged by; ValueError when no or several
+    GPU models qualify or no run does."""
+    if gpu is None:
+        models = sorted({run["gpu"] for run in runs(path) if run["leg"] == leg and run["gpu"]})
+        if len(models) != 1:
+            raise ValueError(f"--gpu is needed: leg {leg} ran on {models or 'no GPU'} in the history")
+        gpu = models[0]
+    data = rolling_baseline(leg, gpu, last=last, path=path)
+    if not data["cases"]:
+        raise ValueError(f"the history holds no complete run of leg {leg} on {gpu}")
+    data["threshold_pct"] = threshold_pct
+    write_json_atomic(output, data)
+    return data
+
+
 def prune(keep: int, path: Path | None = None) -> int:
     """Keep the newest ``keep`` runs of each (leg, GPU), and apart from them its newest ``keep`` A/B
     rounds (a push's ten rounds must not crowd out the runs trends are drawn from); returns how
@@ -413,6 +435,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     exp.add_argument("-o", "--output", help="file (default: standard output)")
     sub.add_parser("prune", help="keep the newest runs of each leg and GPU").add_argument(
         "--keep", type=int, required=True)
+    base = sub.add_parser("baseline", help="write a baseline file from a leg's last runs, their spread as the noise")
+    base.add_argument("--leg", required=True)
+    base.add_argument("--gpu", help="the GPU model (default: the only one the leg ran on)")
+    base.add_argument("--last", type=int, default=5, help="the newest complete runs to take (default %(default)s)")
+    base.add_argument("-o", "--output", required=True, help="the baseline file to write")
     args = parser.parse_args(argv)
     path = Path(args.db).expanduser() if args.db else history_path()
     try:
@@ -430,9 +457,12 @@ def main(argv: Sequence[str] | None = None) -> int:
                 print(f"{count} case(s) written to {args.output}")
             else:
                 export(args.format, sys.stdout, path)
+        elif args.command == "baseline":
+            data = write_rolling_baseline(args.output, args.leg, args.gpu, last=args.last, path=path)
+            print(f"{len(data['cases'])} case(s) of {len(data['source']['runs'])} run(s) written to {args.output}")
         else:
             print(f"{prune(args.keep, path)} run(s) removed from {path}")
-    except HistoryError as exc:
+    except (HistoryError, ValueError) as exc:
         print(exc, file=sys.stderr)
         return 2
     return 0

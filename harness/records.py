@@ -30,6 +30,7 @@ OUTCOMES = ("passed", "failed", "error", "skipped", "crashed", "timeout")
 RECORDS_FILE = "records.jsonl"
 MANIFEST_FILE = "manifest.json"
 BASELINE_FORMAT = "kvh-baseline"  # the "format" of a baseline file (harness/report/baseline.py)
+BASELINE_THRESHOLD_PCT = 10.0  # a baseline file's slowdown threshold, in % (harness/report/baseline.py)
 OUTCOME_SEVERITY = ("skipped", "passed", "failed", "error", "timeout", "crashed")  # least to most severe
 # A run directory named ``<run>-confirm`` holds the confirmation re-run of ``<run>``'s suspected
 # slowdowns (harness/run/pipeline.py): the report weighs it against them, never shows it as a leg.

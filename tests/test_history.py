@@ -406,3 +406,25 @@ def test_the_history_finds_a_five_percent_slowdown_that_a_baseline_file_lets_pas
     assert not loose_check.regressions and [f.case for f in loose_check.within_noise] == ["t"]
     # an explicit threshold still decides
     assert not compare_rolling(now, 4, tight, threshold_pct=10.0).regressions
+
+
+def test_a_baseline_file_written_from_the_history_keeps_the_runs_spread(tmp_path):
+    """`history baseline` writes the rolling baseline as a file compare() reads: runs from several
+    visits make their offsets the noise, so a later visit's offset is within it."""
+    from harness.report import compare, load_results
+    from harness.report.baseline import read_baseline
+
+    db = tmp_path / "visits.sqlite"
+    visits = (1.00, 1.09, 0.98, 1.11)  # one case on four visits of the same GPU model
+    history.add_runs([_bench_run(tmp_path, f"gpu_verify-L-bench{i}", f"2026-12-0{i + 1}T00:00:00", {"t": ms})
+                      for i, ms in enumerate(visits)], db)
+    out = tmp_path / "baselines" / f"{LEG}.json"
+    assert history.main(["--db", str(db), "baseline", "--leg", LEG, "-o", str(out)]) == 0
+    data = read_baseline(out)
+    entry = data["cases"]["suites/bench_x::t::triton::v"]
+    assert data["threshold_pct"] == 10.0 and entry["spread"] == "runs" and entry["ms_n"] == 4
+    assert entry["ms"] == pytest.approx(1.045)
+    offset = load_results([_bench_run(tmp_path, "now", "2026-12-09T00:00:00", {"t": 1.16})])  # +11%
+    check = compare(offset, data)
+    assert not check.regressions and [f.case for f in check.within_noise] == ["t"]
+    assert history.main(["--db", str(db), "baseline", "--leg", "no-such-leg", "-o", str(out)]) == 2

@@ -64,6 +64,7 @@ from pathlib import Path
 from ..measure.noise import median_se, spread_sigma
 from ..records import (
     BASELINE_FORMAT,
+    BASELINE_THRESHOLD_PCT,
     OUTCOME_SEVERITY,
     OUTCOMES,
     Record,
@@ -76,7 +77,7 @@ from .summary import ERROR_METRICS, is_reference, suite_name, worst
 
 FORMAT = BASELINE_FORMAT
 VERSION = 1
-DEFAULT_THRESHOLD_PCT = 10.0
+DEFAULT_THRESHOLD_PCT = BASELINE_THRESHOLD_PCT
 DEFAULT_ERROR_FACTOR = 2.0
 TIMING_METRICS = ("ms", "gbps", "pct_of_peak")
 SPREAD_METRICS = ("ms_n", "ms_min", "ms_iqr", "ms_mad")  # the repeats' spread around ms
