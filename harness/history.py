@@ -367,6 +367,18 @@ def rolling_baseline(leg: str, gpu: str | None, *, last: int = 5, path: Path | N
     }
 
 
+def _gpu_models(leg: str, path: Path, timeout_s: float = BUSY_TIMEOUT_S) -> list[str]:
+    """The GPU models of ``leg``'s complete runs that a rolling baseline may take (re-runs and A/B
+    rounds left out), read only."""
+    query = ("SELECT DISTINCT gpu FROM runs WHERE leg = ? AND complete = 1 AND gpu IS NOT NULL "
+             "AND run_id NOT LIKE ? AND run_id NOT LIKE ? ORDER BY gpu")
+    with closing(_connect_read_only(path, timeout_s)) as db:
+        try:
+            return [row[0] for row in db.execute(query, (leg, CONFIRM_RUN, AB_RUN))]
+        except sqlite3.Error as exc:
+            raise HistoryError(_explain(path, exc)) from exc
+
+
 def write_rolling_baseline(output: str | os.PathLike, leg: str, gpu: str | None = None, *, last: int = 5,
                            path: Path | None = None, threshold_pct: float = BASELINE_THRESHOLD_PCT) -> dict:
     """Write :func:`rolling_baseline` of ``leg`` on ``gpu`` (default: the only GPU model the leg ran
@@ -374,7 +386,7 @@ def write_rolling_baseline(output: str | os.PathLike, leg: str, gpu: str | None 
     visits when they were, is the noise a later run is judged by; ValueError when no or several
     GPU models qualify or no run does."""
     if gpu is None:
-        models = sorted({run["gpu"] for run in runs(path) if run["leg"] == leg and run["gpu"]})
+        models = _gpu_models(leg, history_path() if path is None else Path(path))
         if len(models) != 1:
             raise ValueError(f"--gpu is needed: leg {leg} ran on {models or 'no GPU'} in the history")
         gpu = models[0]

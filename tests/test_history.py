@@ -428,3 +428,23 @@ def test_a_baseline_file_written_from_the_history_keeps_the_runs_spread(tmp_path
     check = compare(offset, data)
     assert not check.regressions and [f.case for f in check.within_noise] == ["t"]
     assert history.main(["--db", str(db), "baseline", "--leg", "no-such-leg", "-o", str(out)]) == 2
+
+
+def test_against_a_history_that_agrees_the_threshold_decides(tmp_path):
+    """Runs within 0.1% of each other: +3.5% counts, +2.5% does not (under the 3% threshold), so
+    the noise floor never hides a slowdown past the threshold; a misnamed database is said as such,
+    and not created."""
+    from harness.report import load_results
+    from harness.report.baseline import compare_rolling
+
+    db = tmp_path / "agree.sqlite"
+    history.add_runs([_bench_run(tmp_path, f"gpu_verify-L-bench{i}", f"2026-12-0{i + 1}T00:00:00", {"t": ms})
+                      for i, ms in enumerate((1.000, 1.001, 0.999, 1.000))], db)
+    for ms, flagged in ((1.035, True), (1.025, False)):
+        now = load_results([_bench_run(tmp_path, f"now{ms}", "2026-12-09T00:00:00", {"t": ms})])
+        check = compare_rolling(now, 4, db)
+        assert [f.case for f in check.regressions] == (["t"] if flagged else []), ms
+        assert not check.within_noise, ms
+    missing = tmp_path / "nowhere" / "h.sqlite"
+    assert history.main(["--db", str(missing), "baseline", "--leg", LEG, "-o", str(tmp_path / "b.json")]) == 2
+    assert not missing.exists()
