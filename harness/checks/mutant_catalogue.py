@@ -30,6 +30,7 @@ KV_CACHE = "kernels/kv_cache.py"
 DECODE = "kernels/decode/kernel.py"
 DECODE_REFERENCE = "kernels/decode/reference.py"
 PAGED = "kernels/decode/layout.py"
+APPEND = "kernels/decode/append.py"
 READ_FLOOR = "harness/measure/read_floor.py"
 
 # What catches them: test files and node ids.
@@ -45,6 +46,8 @@ AFFINE_TILES = "suites/test_affine_roundtrip.py::test_every_tile_shape_writes_th
 AFFINE_TIES = "suites/test_affine_roundtrip.py::test_exact_ties_round_half_to_even_in_both_backends"
 AFFINE_CLAMP = "suites/test_affine_roundtrip.py::test_top_codes_are_clamped_in_both_backends"
 STREAM = "suites/test_streaming.py::test_append_equals_one_shot"
+UNPLACED = "suites/test_page_cache.py::test_a_chunk_without_its_page_leaves_its_sequence_unchanged"
+SCALE_RANGE = "suites/test_page_cache.py::test_fp32_scales_beyond_fp16_show_in_check_errors"
 FUSED = "suites/test_decode_fused.py"
 READ_FLOOR_TESTS = "tests/test_read_floor.py"
 SMALL_AFFINE = "1x2x64x64x32"  # the cheapest shape of the bit-for-bit affine test (D = 2 G)
@@ -267,6 +270,21 @@ MUTANTS: list[dict] = [
      "mutated": "            full = (r + t - 1) // g * g\n",
      "breaks": "append: a group completed exactly by this append is left unquantized",
      "select": STREAM, "k": "groups and torch", "ci": True},
+    {"name": "append-one-missing-page-tolerated", "path": APPEND,
+     "original": "page_size, G) == 0\n",
+     "mutated": "page_size, G) <= 1\n",
+     "breaks": "paged append: a chunk with one completed group lacking its page is still written",
+     "select": UNPLACED, "k": "triton"},
+    {"name": "append-last-page-unchecked", "path": APPEND,
+     "original": "count = tl.where(end > first, (end - 1) // page_size + 1 - entry0, 0)",
+     "mutated": "count = tl.where(end > first, (end - 1) // page_size - entry0, 0)",
+     "breaks": "paged append: the last page a chunk's completed groups reach is not checked",
+     "select": UNPLACED, "k": "triton"},
+    {"name": "append-scale-range-unflagged", "path": APPEND,
+     "original": "beyond = ((s > 65504.0) & (s <= SCALE_MAX)).to(tl.int32)",
+     "mutated": "beyond = ((s > 65504.0) & (s < 0.0)).to(tl.int32)",
+     "breaks": "paged append: an fp32 scale beyond fp16's range is not flagged",
+     "select": SCALE_RANGE, "k": "triton"},
     # ------------------------------------------------------------------ fused decode
     {"name": "decode-max-not-rescaled", "path": DECODE,
      "original": "    alpha = tl.exp2(m - m_new)\n    p = tl.exp2(qk - m_new[None, :])\n    l_acc = l_acc * alpha[None, :] + p",
