@@ -217,7 +217,7 @@ def test_head_dims(record, device, dim, group_size):
 @pytest.mark.parametrize("group_size, dim", [(32, 64), (128, 128), (32, 128)])
 def test_group_sizes(record, device, group_size, dim):
     """G = 32 (two V scale groups per token of D = 64, tile 32), G = 128 (one group, tile 64) and
-    G = 32 of D = 128 (four groups per token, one word of codes per thread: split as registers)."""
+    G = 32 of D = 128 (four groups per token, split by the threads' words of codes)."""
     k, v = random_kv(1, 1, 2 * group_size + 5, dim, device=device, seed=120 + group_size)
     q = random_q(1, 1, dim, device=device, seed=121)
     run_checked(record, q, _cache(k, v, group_size=group_size), original=(k, v))

@@ -44,6 +44,7 @@ from .paged import PagedQuantizedKV
 ERROR_NO_PAGE = 1  # a completed group's block-table entry is not a page of the pool (chunk not placed)
 ERROR_NOT_FINITE = 2  # a completed group held NaN/Inf, or its scale overflowed the scale dtype
 ERROR_SCALE_RANGE = 4  # a completed group's finite fp32 scale exceeds fp16's range (checks.FP16_MAX)
+FP16_LARGEST = tl.constexpr(FP16_MAX)  # the kernel's copy of checks.FP16_MAX
 PAGE_BLOCK = tl.constexpr(16)  # block-table entries a program checks at a time (_pages_missing)
 MAX_WORDS_PER_STEP = 128  # words packed per step of the word loop, at most (the gathers' registers)
 APPEND_WARPS = 4
@@ -114,7 +115,7 @@ def _pages_missing(bt_ptr, stride_bt_b, table_cols, num_pages, b, held, n_new, p
 def _count_beyond_fp16(s, SCALE_MAX: tl.constexpr, PER_CHANNEL: tl.constexpr):
     """How many of a group's finite fp32 scales (K [D], V [G, D/G]) exceed fp16's largest value
     (checks.FP16_MAX)."""
-    beyond = ((s > 65504.0) & (s <= SCALE_MAX)).to(tl.int32)
+    beyond = ((s > FP16_LARGEST) & (s <= SCALE_MAX)).to(tl.int32)
     if PER_CHANNEL:
         return tl.sum(beyond, 0)
     else:
@@ -373,7 +374,7 @@ def _append_sequence_torch(view: PagedQuantizedKV, b: int, held: int, k: torch.T
 
 def _scale_errors(scale: torch.Tensor, scale_dtype: torch.dtype) -> int:
     """ERROR_NOT_FINITE where a group's scale is NaN or Inf in the scale dtype; ERROR_SCALE_RANGE
-    where a finite fp32 scale exceeds fp16's range (the kernel's _flagged and _beyond_fp16)."""
+    where a finite fp32 scale exceeds fp16's range (the kernel's _flagged and _count_beyond_fp16)."""
     scale = scale.to(scale_dtype)
     finite = torch.isfinite(scale)
     found = 0 if bool(finite.all()) else ERROR_NOT_FINITE

@@ -26,7 +26,8 @@ Two kernels:
    _q_operand; for GQA q is held channel-major, a channel's heads in neighbouring lanes, the
    order in which q*s's columns go to shared memory for the product: a head-major q stored
    them with bank conflicts) and V scales into p per channel
-   group (each group's codes unpacked from its own words, _load_tile_parts); zero points
+   group (each group's codes unpacked from its own words, or its own registers of a word,
+   _load_tile_parts); zero points
    become a rank-1 correction (one bias per head for K, a sum over the tokens for V, per
    channel group). A tile's scales and zeros are loaded a tile ahead, 16-bit ones as 32-bit words
    where the rows allow it (two K channels, or a token's two V groups, a word: scale_words), and
