@@ -279,13 +279,18 @@ class AppendLaunch:
         self._launches: dict[tuple, Launch] = {}
 
     def __call__(self, k: torch.Tensor, v: torch.Tensor, chunk_lens: torch.Tensor | None) -> None:
-        """Append k, v [B, H, T, D] (unit stride along D; the caller checks shapes and dtypes),
-        chunk_lens int32 [B] on the device or None (T for every sequence)."""
-        b, h, t, _ = k.shape
-        if b == 0 or t == 0:
-            return
+        """Append k, v [B, H, T, D], or one token [B, H, D] (unit stride along D; the caller checks
+        shapes and dtypes), chunk_lens int32 [B] on the device or None (T for every sequence)."""
         if v.stride() != k.stride():  # the kernel addresses k and v with one set of strides
             k, v = k.contiguous(), v.contiguous()
+        if k.dim() == 3:  # one token: its stride along T is never used
+            (b, h, _), t = k.shape, 1
+            strides = (*k.stride()[:2], 0)
+        else:
+            b, h, t, _ = k.shape
+            strides = k.stride()[:3]
+        if b == 0 or t == 0:
+            return
         ragged = chunk_lens is not None
         key = (t, ragged)
         launch = self._launches.get(key)
@@ -297,8 +302,7 @@ class AppendLaunch:
                                                   dict(self._options, RAGGED=ragged, SHARES=shares, WORDS=step))
         view = self.view
         with on_device(k.device):
-            launch((specialization(k), specialization(v), t), k, v, *k.stride()[:3],
-                   chunk_lens if ragged else view.seq_lens, t)
+            launch((specialization(k), specialization(v), t), k, v, *strides, chunk_lens if ragged else view.seq_lens, t)
         # the kernel wrote these in place: bump their version counters as a torch write would
         increment_version([x for x in (view.seq_lens, view.k_scale, view.v_scale) if not x.is_inference()])
 

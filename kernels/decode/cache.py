@@ -40,6 +40,7 @@ from .._checks import (
     require_tensor,
     resolve_backend,
 )
+from .._runtime import triton_interpreted
 from ..affine import INPUT_DTYPES, _check_config, _check_head_dim
 from ..kv_cache import CacheLengths, QuantizedKV
 from .append import (
@@ -126,6 +127,8 @@ class PagedKVCache(CacheLengths):
         self._pages: list[list[int]] = []  # pages of each live row, in block-table order
         self._lens: list[int] = []  # tokens of each live row, as the host's calls grew it
         self._next_id = 0
+        self._room: int | None = None  # tokens every live row can still take without a new page (None: count)
+        self._on_gpu = device.type == "cuda"
         self._view: PagedQuantizedKV | None = None
         self._appender: AppendLaunch | None = None  # appends into the live view
         self._plan: DecodePlan | None = None
@@ -219,7 +222,7 @@ class PagedKVCache(CacheLengths):
         self._lens.append(0)
         self.block_table[row].fill_(-1)
         self.seq_lens[row] = 0
-        self._plan = None
+        self._plan, self._room = None, None
         if tokens:
             self._grow_tables([0] * row + [tokens])
             self._write(slice(row, row + 1), k, v, None, backend)
@@ -238,7 +241,7 @@ class PagedKVCache(CacheLengths):
         self.block_table[last].fill_(-1)
         self.seq_lens[last] = 0
         del self._ids[last], self._pages[last], self._lens[last]
-        self._plan = None
+        self._plan, self._room = None, None
 
     def _row(self, seq_id) -> int:
         if isinstance(seq_id, bool) or not isinstance(seq_id, int) or seq_id not in self._ids:
@@ -265,6 +268,7 @@ class PagedKVCache(CacheLengths):
         needs = [self._pages_for(held, n, pages) for held, n, pages in zip(self._lens, new, self._pages, strict=True)]
         if sum(needs) > len(self._free_pages):
             raise ValueError(self._exhausted(sum(needs)))
+        self._room = None
         for row, need in enumerate(needs):
             if need:
                 pages = [self._free_pages.pop() for _ in range(need)]
@@ -309,10 +313,12 @@ class PagedKVCache(CacheLengths):
         if tokens < 0:
             raise ValueError(f"tokens must be non-negative; got {tokens}")
         self._lens = [n + tokens for n in self._lens]
+        self._room = None
 
     def sync_lengths(self) -> list[int]:
         """Read the lengths back from the device (one synchronization) and return them."""
         self._lens = self.seq_lens[:len(self._ids)].tolist()
+        self._room = None
         return list(self._lens)
 
     def check_errors(self) -> None:
@@ -342,17 +348,28 @@ class PagedKVCache(CacheLengths):
         devices and when the pool runs out; values are not inspected on the host (NaN or Inf in a
         completed group shows in :meth:`check_errors`)."""
         n = len(self._ids)
+        kernel = self._on_gpu if backend is None else backend == "triton" and (self._on_gpu or triton_interpreted())
+        if (chunk_lens is None and kernel and self._plain_tokens(k, v, n)
+                and not (self._on_gpu and torch.cuda.is_current_stream_capturing())):
+            t = 1 if k.dim() == 3 else k.shape[2]
+            room = self._min_room() if self._room is None else self._room
+            if room >= t:  # a decode step: every row's pages hold what it takes, nothing to find on the host
+                self._room = room - t
+                self.view()  # (re)made when the rows changed
+                self._appender(k, v, None)
+                self._lens = [held + t for held in self._lens]
+                return
         if isinstance(k, torch.Tensor) and isinstance(v, torch.Tensor) and k.dim() == v.dim() == 3:
             k, v = k.unsqueeze(2), v.unsqueeze(2)
         if not self._plain_tokens(k, v, n):
             self._check_tokens(k, v, n)
-        if backend is None and self.device.type == "cuda":
+        if backend is None and self._on_gpu:
             backend = "triton"
         else:
             backend = resolve_backend(backend, self.device, BACKENDS)
         t = k.shape[2]
         counts = [t] * n if chunk_lens is None else _chunk_counts(chunk_lens, n, t)
-        capturing = self.device.type == "cuda" and torch.cuda.is_current_stream_capturing()
+        capturing = self._on_gpu and torch.cuda.is_current_stream_capturing()
         if capturing and chunk_lens is not None:
             raise ValueError("chunk_lens under CUDA graph capture: the counts' copy to the device would be "
                              "replayed from a host buffer that is gone; capture equal chunks (chunk_lens=None)")
@@ -368,6 +385,7 @@ class PagedKVCache(CacheLengths):
         self._write(slice(0, n), k, v, lens, backend)
         if not capturing:
             self._lens = [a + b for a, b in zip(self._lens, counts, strict=True)]
+        self._room = None
 
     def _write(self, rows: slice, k, v, chunk_lens, backend: str) -> None:
         """Append k, v into the sequences of ``rows`` (all live rows, or one new one)."""
@@ -380,11 +398,18 @@ class PagedKVCache(CacheLengths):
                                                               self.arrivals[rows])
             launch(k, v, chunk_lens)
 
+    def _min_room(self) -> int:
+        """The fewest tokens a live row can still take before a completed group needs a page it
+        does not have (_pages_for)."""
+        limit = self.group_size - 1  # past its pages' last token, a row holds less than a group
+        return min((len(pages) * self.page_size + limit - held for held, pages in zip(self._lens, self._pages,
+                                                                                     strict=True)), default=0)
+
     def _plain_tokens(self, k, v, batch: int) -> bool:
-        """The common case, checked quickly: k, v tensors [batch, H, T, D] of the cache's dtype and
-        device, unit stride along D."""
-        return (type(k) is torch.Tensor and type(v) is torch.Tensor and k.shape == v.shape and k.dim() == 4
-                and k.shape[0] == batch and k.shape[1] == self.heads and k.shape[3] == self.head_dim
+        """The common case, checked quickly: k, v tensors [batch, H, T, D] or [batch, H, D] of the
+        cache's dtype and device, unit stride along D."""
+        return (type(k) is torch.Tensor and type(v) is torch.Tensor and k.shape == v.shape and k.dim() in (3, 4)
+                and k.shape[0] == batch and k.shape[1] == self.heads and k.shape[-1] == self.head_dim
                 and k.dtype == v.dtype == self.dtype and k.device == v.device == self.device
                 and k.stride(-1) == 1 and v.stride(-1) == 1)
 
@@ -420,7 +445,7 @@ class PagedKVCache(CacheLengths):
         stay within it; a step is then two kernel launches and no host synchronization.
         backend='torch' dequantizes and attends in torch (:func:`kernels.decode_attention`), which
         None picks on CPU (the fused kernel on a GPU)."""
-        if (self.device.type != "cuda" if backend is None else resolve_backend(backend, self.device, BACKENDS) == "torch"):
+        if (not self._on_gpu if backend is None else resolve_backend(backend, self.device, BACKENDS) == "torch"):
             from .api import decode_attention
 
             return decode_attention(q, self.view(), sm_scale=sm_scale, backend="torch", out=out)
