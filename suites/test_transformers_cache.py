@@ -1,0 +1,411 @@
+"""The transformers integration (:mod:`kernels.integrations.transformers`): ``generate`` on a
+Llama-architecture model with random weights (no download) through :class:`KVBitsCache` and the
+``"kvbits"`` attention, against the same model with transformers' DynamicCache.
+
+Per step, the logits' error (max abs over the vocabulary) against a float64 forward of the same
+model over the same tokens (teacher forcing: a token flipped by quantization does not carry
+over into later steps' errors) is within a bound derived from the float reference; the
+prompt's step, exact attention in both, gives the DynamicCache run's logits bit for bit; the
+first step where the greedy tokens differ from the DynamicCache run is recorded. Also: a
+left-padded batch of two against each row alone, sampling, the fused decode in the Triton
+interpreter, transformers' own QuantizedCache at equal bits (where its backend is installed),
+every configuration the cache refuses, and what transformers makes of this repository's
+``kernels`` package (Hugging Face's hub-kernels distribution has the same import name).
+
+In the interpreter (CPU) the model is tiny (hidden 256, 4 heads, 2 kv heads, head_dim 64, 2
+layers, a 100-token prompt, group size 32); on a GPU it is hidden 2048, 32 heads, 8 kv heads, 4
+layers, a 4096-token prompt, group size 64.
+"""
+
+from __future__ import annotations
+
+import copy
+import importlib.util
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+import torch
+
+transformers = pytest.importorskip(
+    "transformers", reason="transformers is not installed (the suite's optional dependency: pip install -e .[transformers])")
+
+from affine_support import fresh_seed, gpu_or_small  # noqa: E402, F401  (the seed fixture)
+from decode_support import device_params  # noqa: E402
+from transformers import BartConfig, DynamicCache, LlamaConfig, LlamaForCausalLM, MistralConfig  # noqa: E402
+from transformers.cache_utils import QuantizedCache  # noqa: E402
+from transformers.utils.import_utils import (  # noqa: E402
+    KERNELS_MAX_VERSION,
+    KERNELS_MIN_VERSION,
+    is_kernels_available,
+)
+
+import kernels  # noqa: E402
+from kernels.integrations.transformers import ATTENTION_NAME, KVBitsCache  # noqa: E402
+
+PAD = 0  # the pad token id (never drawn into a prompt)
+# Measured at the CPU size: the 3-bit cache's logit error is about 1.9 float64-logit standard
+# deviations over 2^bits - 1 levels (0.2 at 2 bits, 0.087 at 3, 0.042 at 4, logits' std 0.32);
+# the bound allows twice that, above the dtype's own error.
+QUANT_SPREAD = 4.0
+
+
+@dataclass(frozen=True)
+class Size:
+    hidden: int
+    heads: int
+    kv_heads: int
+    head_dim: int
+    layers: int
+    vocab: int
+    prompt: int
+    new: int
+    group: int
+
+    def config(self) -> LlamaConfig:
+        return LlamaConfig(hidden_size=self.hidden, intermediate_size=2 * self.hidden,
+                           num_attention_heads=self.heads, num_key_value_heads=self.kv_heads,
+                           head_dim=self.head_dim, num_hidden_layers=self.layers, vocab_size=self.vocab,
+                           max_position_embeddings=2 * (self.prompt + self.new), pad_token_id=PAD,
+                           attn_implementation="sdpa")
+
+
+SMALL = Size(hidden=256, heads=4, kv_heads=2, head_dim=64, layers=2, vocab=512, prompt=100, new=24, group=32)
+LARGE = Size(hidden=2048, heads=32, kv_heads=8, head_dim=64, layers=4, vocab=32000, prompt=4096, new=64, group=64)
+DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16, "fp32": torch.float32}
+
+
+def _size(device) -> Size:
+    return gpu_or_small(SMALL, LARGE, device)
+
+
+def _models(size: Size, seed: int, dtype: torch.dtype, device) -> tuple[LlamaForCausalLM, LlamaForCausalLM]:
+    """(the model in ``dtype``, the same weights in float64), random weights drawn from ``seed``."""
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        master = LlamaForCausalLM(size.config()).eval()
+    return copy.deepcopy(master).to(device, dtype), master.to(device, torch.float64)
+
+
+def _prompt(gen: torch.Generator, size: Size, rows: int, length: int, device) -> torch.Tensor:
+    return torch.randint(1, size.vocab, (rows, length), generator=gen).to(device)
+
+
+def _generate(model, ids, mask=None, *, new: int, cache=None, attention="sdpa", sample_seed=None):
+    """(sequences [B, S + new], per-step logits [B, new, V] in float64) of greedy generation (or
+    sampling seeded with ``sample_seed``) with ``attention`` and ``cache``."""
+    model.set_attn_implementation(attention)
+    kw = {"do_sample": False} if sample_seed is None else {"do_sample": True, "top_k": 0}
+    if sample_seed is not None:
+        torch.manual_seed(sample_seed)
+    with torch.no_grad():
+        out = model.generate(ids, attention_mask=mask, past_key_values=cache, max_new_tokens=new, min_new_tokens=new,
+                             output_logits=True, return_dict_in_generate=True, pad_token_id=PAD, **kw)
+    model.set_attn_implementation("sdpa")
+    return out.sequences, torch.stack(out.logits, 1).double()
+
+
+def _teacher_forced(model, sequences, prompt_len: int, mask=None) -> torch.Tensor:
+    """Logits [B, new, V] (float64) of one forward over ``sequences`` without a cache: what each
+    generation step would give had every earlier step been exact."""
+    if mask is not None:
+        mask = torch.cat([mask, mask.new_ones(mask.shape[0], sequences.shape[1] - mask.shape[1])], 1)[:, :-1]
+    with torch.no_grad():
+        logits = model(sequences[:, :-1], attention_mask=mask, use_cache=False).logits
+    return logits[:, prompt_len - 1:].double()
+
+
+def _step_errors(logits: torch.Tensor, ref: torch.Tensor) -> torch.Tensor:
+    """Per step, max abs error over the batch and the vocabulary: [new]."""
+    return (logits - ref).abs().amax(dim=(0, 2))
+
+
+def _first_difference(a: torch.Tensor, b: torch.Tensor, start: int) -> int | None:
+    """First generated step where two runs' tokens differ (None: never)."""
+    differ = (a[:, start:] != b[:, start:]).any(dim=0).nonzero()
+    return int(differ[0]) if len(differ) else None
+
+
+def _bound(floor: float, ref: torch.Tensor, bits: int) -> float:
+    return floor + QUANT_SPREAD * float(ref.std()) / (2**bits - 1)
+
+
+def _kvbits_cache(model, size: Size, bits: int = 3, **kw) -> KVBitsCache:
+    return KVBitsCache(model.config, max_cache_len=size.prompt + size.new, bits=bits, group_size=size.group, **kw)
+
+
+def _quantized_reference(model, model64, ids, size: Size, bits: int) -> dict:
+    """A kvbits generation's figures: per-step errors against the float64 reference, the dtype's
+    own error on the same tokens (floor), the bound, and the cache."""
+    cache = _kvbits_cache(model, size, bits)
+    seq, logits = _generate(model, ids, new=size.new, cache=cache, attention=ATTENTION_NAME)
+    ref = _teacher_forced(model64, seq, ids.shape[1])
+    same_dtype = _teacher_forced(model, seq, ids.shape[1])
+    err = _step_errors(logits, ref)
+    floor = float(_step_errors(same_dtype, ref).max())
+    return {"seq": seq, "logits": logits, "ref": ref, "err": err, "floor": floor, "cache": cache,
+            "bound": _bound(floor, ref, bits)}
+
+
+# ----------------------------------------------------------------------------- 1. generate
+GENERATE = [pytest.param(dtype, 3, id=f"{name}-b3") for name, dtype in DTYPES.items()] + [
+    pytest.param(torch.float16, 2, id="fp16-b2"), pytest.param(torch.float16, 4, id="fp16-b4")]
+
+
+@pytest.mark.parametrize("device", device_params())
+@pytest.mark.parametrize(("dtype", "bits"), GENERATE)
+def test_greedy_generation_against_the_float_reference(record, seed, device, dtype, bits):
+    """Greedy generate with KVBitsCache: the prompt's step equals the DynamicCache run's logits bit
+    for bit (exact attention in both); every step's logit error against float64 teacher forcing
+    is within the bound; the cache holds prompt + new - 1 tokens per sequence."""
+    record.backend, record.device, record.variant = "kvbits", device, f"{str(dtype)[6:]}-b{bits}"
+    size = _size(device)
+    model, model64 = _models(size, seed, dtype, device)
+    ids = _prompt(torch.Generator().manual_seed(seed), size, 1, size.prompt, device)
+    run = _quantized_reference(model, model64, ids, size, bits)
+    dyn_seq, dyn_logits = _generate(model, ids, new=size.new, cache=DynamicCache(config=model.config))
+    err = run["err"]
+    record.add(logit_err_per_step=[round(float(e), 5) for e in err], max_abs_err=float(err.max()),
+               prompt_step_err=float(err[0]), dtype_floor=run["floor"], bound=run["bound"],
+               ref_logit_std=float(run["ref"].std()),
+               first_token_difference=_first_difference(run["seq"], dyn_seq, size.prompt),
+               cache_bytes=run["cache"].nbytes(), prompt=size.prompt, new=size.new)
+    assert torch.equal(run["logits"][:, 0], dyn_logits[:, 0]), "the prompt's step must be exact attention"
+    assert float(err.max()) <= run["bound"], f"logit error {float(err.max()):.4g} > bound {run['bound']:.4g}"
+    for layer in run["cache"].layers:
+        assert layer.paged.lengths() == [size.prompt + size.new - 1]
+    assert run["cache"].get_seq_length() == size.prompt + size.new - 1
+
+
+FIXED_MODEL_SEED = 2  # a model and prompt whose greedy tokens agree for all 24 steps (CPU size, fp16, 3 bits)
+
+
+@pytest.mark.parametrize("device", device_params())
+def test_first_steps_agree_on_a_fixed_model(record, device):
+    """On one fixed model the 3-bit cache's greedy tokens follow DynamicCache's for several steps
+    (random-weight logits have tiny top-2 margins, so a fresh model may flip a token at once)."""
+    record.backend, record.device, record.variant = "kvbits", device, "fp16-b3-fixed"
+    size = _size(device)
+    model, _ = _models(size, FIXED_MODEL_SEED, torch.float16, device)
+    ids = _prompt(torch.Generator().manual_seed(FIXED_MODEL_SEED), size, 1, size.prompt, device)
+    seq, _ = _generate(model, ids, new=size.new, cache=_kvbits_cache(model, size), attention=ATTENTION_NAME)
+    dyn_seq, _ = _generate(model, ids, new=size.new, cache=DynamicCache(config=model.config))
+    first = _first_difference(seq, dyn_seq, size.prompt)
+    record.add(first_token_difference=first, seed=FIXED_MODEL_SEED)
+    assert first is None or first >= 4, f"greedy tokens differ at step {first}"
+
+
+@pytest.mark.parametrize("device", device_params())
+def test_sampling_against_the_float_reference(record, seed, device):
+    """Sampling (top_k=0, seeded) with KVBitsCache: per-step logit error within the bound along
+    the sampled tokens; the same seed draws the same tokens again."""
+    record.backend, record.device, record.variant = "kvbits", device, "fp16-b3-sample"
+    size = _size(device)
+    model, model64 = _models(size, seed, torch.float16, device)
+    ids = _prompt(torch.Generator().manual_seed(seed), size, 1, size.prompt, device)
+    seq, logits = _generate(model, ids, new=size.new, cache=_kvbits_cache(model, size), attention=ATTENTION_NAME,
+                            sample_seed=seed)
+    again, _ = _generate(model, ids, new=size.new, cache=_kvbits_cache(model, size), attention=ATTENTION_NAME,
+                         sample_seed=seed)
+    ref = _teacher_forced(model64, seq, size.prompt)
+    err = _step_errors(logits, ref)
+    bound = _bound(float(_step_errors(_teacher_forced(model, seq, size.prompt), ref).max()), ref, 3)
+    record.add(max_abs_err=float(err.max()), bound=bound)
+    assert torch.equal(seq, again), "a seeded sampling run must repeat"
+    assert float(err.max()) <= bound, f"logit error {float(err.max()):.4g} > bound {bound:.4g}"
+
+
+# ----------------------------------------------------------------------------- 2. padding
+@pytest.mark.parametrize("device", device_params())
+@pytest.mark.parametrize("dtype", [DTYPES["fp16"], DTYPES["fp32"]], ids=["fp16", "fp32"])
+def test_left_padded_batch_matches_each_row_alone(record, seed, device, dtype):
+    """A batch of two prompts of different lengths, the shorter left-padded: each row's per-step
+    logits match that row generated alone (unpadded) with its own KVBitsCache, and each
+    sequence of the cache holds only its real tokens (pads never stored, never attended)."""
+    record.backend, record.device, record.variant = "kvbits", device, f"{str(dtype)[6:]}-b3-pad"
+    size = _size(device)
+    model, model64 = _models(size, seed, dtype, device)
+    gen = torch.Generator().manual_seed(seed)
+    short = size.prompt - gpu_or_small(37, 1000, device)
+    rows = [_prompt(gen, size, 1, size.prompt, device), _prompt(gen, size, 1, short, device)]
+    ids = torch.full((2, size.prompt), PAD, dtype=torch.long, device=device)
+    mask = torch.zeros_like(ids)
+    for i, row in enumerate(rows):
+        ids[i, size.prompt - row.shape[1]:] = row[0]
+        mask[i, size.prompt - row.shape[1]:] = 1
+    cache = _kvbits_cache(model, size)
+    seq, logits = _generate(model, ids, mask, new=size.new, cache=cache, attention=ATTENTION_NAME)
+    assert [s.paged.lengths() for s in cache.layers] == [[size.prompt + size.new - 1, short + size.new - 1]] * size.layers
+    worst, quant = 0.0, 0.0
+    for i, row in enumerate(rows):
+        alone_seq, alone_logits = _generate(model, row, new=size.new, cache=_kvbits_cache(model, size),
+                                            attention=ATTENTION_NAME)
+        first = _first_difference(seq[i:i + 1, -size.new:], alone_seq[:, -size.new:], 0)
+        steps = size.new if first is None else first + 1  # the same tokens so far: the same context
+        worst = max(worst, float(_step_errors(logits[i:i + 1, :steps], alone_logits[:, :steps]).max()))
+        ref = _teacher_forced(model64, alone_seq, row.shape[1])
+        quant = max(quant, float(_step_errors(alone_logits, ref).max()))
+        record.add(**{f"row{i}_first_token_difference": first})
+    bound = _bound(0.0, logits, 3)
+    record.add(max_abs_err=worst, quant_err=quant, short=short, tolerance=bound / 4)
+    # pads attended would move the short row's logits by about the logits' own spread; what is
+    # left is the prompt's rounding in another batch shape, flipping a few codes
+    assert worst <= bound / 4, f"padded row vs alone: {worst:.4g} > {bound / 4:.4g}"
+
+
+# ----------------------------------------------------------------------------- 3. interpreter
+@pytest.mark.parametrize("device", device_params())
+def test_fused_decode_backend(record, seed, device):
+    """backend='triton' (the fused decode and the append kernel; interpreted on CPU, so a short
+    run there) gives the logits of backend='torch' (dequantize, then exact attention) within
+    fp16 rounding of the attention outputs."""
+    record.backend, record.device, record.variant = "triton", device, "fp16-b3"
+    size = _size(device)
+    size = gpu_or_small(Size(**{**vars(size), "prompt": 2 * size.group - 2, "new": 4}), size, device)
+    model, _ = _models(size, seed, torch.float16, device)
+    ids = _prompt(torch.Generator().manual_seed(seed), size, 1, size.prompt, device)
+    runs = {b: _generate(model, ids, new=size.new, cache=_kvbits_cache(model, size, backend=b),
+                         attention=ATTENTION_NAME) for b in ("torch", "triton")}
+    first = _first_difference(runs["torch"][0], runs["triton"][0], size.prompt)
+    steps = size.new if first is None else first + 1
+    err = float(_step_errors(runs["triton"][1][:, :steps], runs["torch"][1][:, :steps]).max())
+    tol = 0.05 * float(runs["torch"][1].std())
+    record.add(max_abs_err=err, tolerance=tol, first_token_difference=first)
+    assert err <= tol, f"triton vs torch backend: {err:.4g} > {tol:.4g}"
+
+
+# ----------------------------------------------------------------------------- 4. QuantizedCache
+# (QuantizedCache backend, its module, the package that installs it, bits)
+QUANTIZED = [pytest.param("hqq", "hqq", "hqq", 3, id="hqq-b3"),
+             pytest.param("quanto", "optimum.quanto", "optimum-quanto", 4, id="quanto-b4")]
+
+
+@pytest.mark.parametrize("device", device_params())
+@pytest.mark.parametrize(("backend", "module", "package", "bits"), QUANTIZED)
+def test_against_transformers_quantized_cache(record, seed, device, backend, module, package, bits):
+    """transformers' QuantizedCache (HQQ at 3 bits, quanto at 4: what each backend offers) and
+    KVBitsCache at the same bits and group size, each against the float64 reference along its
+    own tokens: both within the bound (recorded side by side)."""
+    top = module.split(".")[0]  # find_spec of a dotted name raises when its parent is missing
+    if importlib.util.find_spec(top) is None or importlib.util.find_spec(module) is None:
+        pytest.skip(f"{package} is not installed (transformers' QuantizedCache backend {backend!r})")
+    record.backend, record.device, record.variant = f"kvbits-vs-{backend}", device, f"fp16-b{bits}"
+    size = _size(device)
+    model, model64 = _models(size, seed, torch.float16, device)
+    ids = _prompt(torch.Generator().manual_seed(seed), size, 1, size.prompt, device)
+    ours = _quantized_reference(model, model64, ids, size, bits)
+    theirs = QuantizedCache(backend=backend, config=model.config, nbits=bits, q_group_size=size.group,
+                            residual_length=size.group)
+    seq, logits = _generate(model, ids, new=size.new, cache=theirs)
+    their_err = _step_errors(logits, _teacher_forced(model64, seq, size.prompt))
+    record.add(max_abs_err=float(ours["err"].max()), quantized_cache_err=float(their_err.max()), bound=ours["bound"],
+               cache_bytes=ours["cache"].nbytes())
+    assert float(ours["err"].max()) <= ours["bound"]
+    assert float(their_err.max()) <= ours["bound"] * 2, "QuantizedCache far off: is the comparison set up right?"
+
+
+# ----------------------------------------------------------------------------- 5. bad input
+def _tiny(**kw) -> LlamaConfig:
+    base = {"hidden_size": 128, "intermediate_size": 256, "num_attention_heads": 2, "num_key_value_heads": 1,
+            "head_dim": 64, "num_hidden_layers": 1, "vocab_size": 64, "pad_token_id": PAD}
+    return LlamaConfig(**{**base, **kw})
+
+
+def _tiny_model(attention: str) -> LlamaForCausalLM:
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(0)
+        model = LlamaForCausalLM(_tiny()).eval()
+    model.set_attn_implementation(attention)
+    return model
+
+
+def _ids(n: int, rows: int = 1) -> torch.Tensor:
+    return torch.arange(1, n + 1).repeat(rows, 1) % 63 + 1
+
+
+def _two_token_step():
+    """A prompt, then a step of two tokens (what assisted decoding sends)."""
+    model = _tiny_model(ATTENTION_NAME)
+    cache = KVBitsCache(model.config, max_cache_len=64, group_size=32)
+    with torch.no_grad():
+        model(_ids(10), past_key_values=cache)
+        model(_ids(2), past_key_values=cache)
+
+
+def _past_max_len():
+    model = _tiny_model(ATTENTION_NAME)
+    with torch.no_grad():
+        model.generate(_ids(10), past_key_values=KVBitsCache(model.config, max_cache_len=12, group_size=32),
+                       max_new_tokens=8, do_sample=False, pad_token_id=PAD)
+
+
+def _masked_new_token():
+    model = _tiny_model(ATTENTION_NAME)
+    cache = KVBitsCache(model.config, max_cache_len=64, group_size=32)
+    mask = torch.ones(2, 10, dtype=torch.long)
+    mask[1, :3] = 0
+    with torch.no_grad():
+        model(_ids(10, 2), attention_mask=mask, past_key_values=cache)
+        model(_ids(1, 2), attention_mask=torch.cat([mask, torch.tensor([[1], [0]])], 1), past_key_values=cache)
+
+
+def _generate_with(attention: str, cache_of, **kw):
+    def run():
+        model = _tiny_model(attention)
+        with torch.no_grad():
+            model.generate(_ids(10), past_key_values=cache_of(model), max_new_tokens=4, pad_token_id=PAD, **kw)
+    return run
+
+
+def _kv(model, **kw):
+    return KVBitsCache(model.config, max_cache_len=64, group_size=32, **kw)
+
+
+BAD = {
+    # name: (callable, exception, text the message must contain)
+    "head_dim_not_multiple_of_group": (lambda: KVBitsCache(_tiny(head_dim=48), max_cache_len=64, group_size=32),
+                                       ValueError, "head_dim (48) must be a multiple of group_size (32)"),
+    "sliding_window": (lambda: KVBitsCache(MistralConfig(sliding_window=16, num_hidden_layers=1), max_cache_len=64),
+                       ValueError, "sliding_attention"),
+    "encoder_decoder": (lambda: KVBitsCache(BartConfig(), max_cache_len=64), ValueError, "encoder-decoder"),
+    "config_not_a_config": (lambda: KVBitsCache({"hidden_size": 128}, max_cache_len=64), TypeError, "config must be"),
+    "bits_8": (lambda: KVBitsCache(_tiny(), max_cache_len=64, bits=8), ValueError, "bits must be one of"),
+    "group_48": (lambda: KVBitsCache(_tiny(), max_cache_len=64, group_size=48), ValueError, "group_size must be"),
+    "dtype_fp32": (lambda: KVBitsCache(_tiny(), max_cache_len=64, dtype=torch.float32), TypeError, "dtype must be"),
+    "backend_cuda": (lambda: KVBitsCache(_tiny(), max_cache_len=64, backend="cuda"), ValueError, "backend must be"),
+    "max_cache_len_zero": (lambda: KVBitsCache(_tiny(), max_cache_len=0), ValueError, "max_cache_len must be positive"),
+    "page_not_multiple": (lambda: KVBitsCache(_tiny(), max_cache_len=64, group_size=32, page_size=48), ValueError,
+                          "page_size must be a positive multiple"),
+    "beam_search": (_generate_with(ATTENTION_NAME, _kv, num_beams=2, do_sample=False), ValueError, "beam search"),
+    "multi_token_step": (_two_token_step, ValueError, "a step of 2 tokens after the prompt"),
+    "past_max_cache_len": (_past_max_len, ValueError, "exceed max_cache_len=12"),
+    "masked_new_token": (_masked_new_token, ValueError, "masks a row's new token"),
+    "kvbits_attention_without_cache": (_generate_with(ATTENTION_NAME, lambda m: DynamicCache(config=m.config)),
+                                       TypeError, "needs a KVBitsCache"),
+    "cache_with_sdpa_attention": (_generate_with("sdpa", _kv), TypeError, "attn_implementation='kvbits'"),
+}
+
+
+@pytest.mark.parametrize("name", list(BAD))
+def test_bad_input(record, name):
+    """Each configuration the cache cannot serve raises a TypeError or ValueError naming why."""
+    record.backend, record.device, record.variant = "kvbits", "cpu", name
+    call, exc, text = BAD[name]
+    with record.raises(exc, match=None, input=name) as caught:
+        call()
+    assert text in str(caught.value), f"{name}: {caught.value}"
+
+
+# ----------------------------------------------------------------------------- 6. coexistence
+def test_transformers_does_not_take_this_kernels_package_for_hub_kernels(record):
+    """Hugging Face's hub-kernels distribution is imported as ``kernels`` too. transformers
+    finds this repository's package under that name (importing it to look for a version), sees
+    no distribution version in its range and so never imports hub-kernels symbols from it."""
+    record.backend, record.device, record.variant = "kvbits", "cpu", "import-name"
+    ours = Path(kernels.__file__).resolve().parent
+    assert Path(sys.modules["kernels"].__file__).resolve().parent == ours
+    available = is_kernels_available()
+    record.add(hub_kernels_available=available, hub_kernels_range=f"[{KERNELS_MIN_VERSION}, {KERNELS_MAX_VERSION})")
+    assert not available, ("transformers takes the `kernels` on sys.path for Hugging Face's hub kernels: with this "
+                           "repository first on sys.path its hub-kernel imports would fail")
