@@ -183,10 +183,11 @@ FIXED_MODEL_SEED = 2  # a model and prompt whose greedy tokens agree for all 24 
 
 @pytest.mark.parametrize("device", device_params())
 def test_first_steps_agree_on_a_fixed_model(record, device):
-    """On one fixed model the 3-bit cache's greedy tokens follow DynamicCache's for several steps
-    (random-weight logits have tiny top-2 margins, so a fresh model may flip a token at once)."""
+    """On one fixed model (the CPU size on every device) the 3-bit cache's greedy tokens follow
+    DynamicCache's for several steps (random-weight logits have top-2 margins of 1e-3, so a fresh
+    model may flip a token at once)."""
     record.backend, record.device, record.variant = "kvbits", device, "fp16-b3-fixed"
-    size = _size(device)
+    size = SMALL  # the seed was found at this size; on a GPU the decode is the fused kernel's
     model, _ = _models(size, FIXED_MODEL_SEED, torch.float16, device)
     ids = _prompt(torch.Generator().manual_seed(FIXED_MODEL_SEED), size, 1, size.prompt, device)
     seq, _ = _generate(model, ids, new=size.new, cache=_kvbits_cache(model, size), attention=ATTENTION_NAME)

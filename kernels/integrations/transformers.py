@@ -284,13 +284,13 @@ def _check_states(keys, values) -> None:
 
 
 def _kept_tokens(mask: torch.Tensor | None, batch: int, tokens: int) -> torch.Tensor | None:
-    """Which of the prompt's positions each row attends to, bool [B, T] on the host, from the 4D
+    """Which of the prompt's positions each row attends to, bool [B, T] on the mask's device, from the 4D
     boolean mask [B, 1, T, T] (None when no row has padding). The last query row of a causal
     mask sees every earlier position, so it is exactly the padding mask."""
     if mask is None:
         return None
     _check_mask(mask, batch, tokens, tokens)
-    return mask[:, 0, -1].cpu()
+    return mask[:, 0, -1]
 
 
 def _check_decode_mask(mask: torch.Tensor | None, batch: int, positions: int) -> None:
