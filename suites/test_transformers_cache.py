@@ -74,6 +74,11 @@ class Size:
 SMALL = Size(hidden=256, heads=4, kv_heads=2, head_dim=64, layers=2, vocab=512, prompt=100, new=24, group=32)
 LARGE = Size(hidden=2048, heads=32, kv_heads=8, head_dim=64, layers=4, vocab=32000, prompt=4096, new=64, group=64)
 DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16, "fp32": torch.float32}
+# The float64 comparisons run at the size their bound was measured on: a random-weight model of
+# LARGE's width turns fp16 rounding alone into 0.4 of a logit (logits' std 0.9) and 3-bit K/V into
+# 1.2, fused kernel and torch dequantization alike (H200), so a bound there would measure the
+# model's sensitivity, not the cache. LARGE is served by the backend and padding comparisons.
+REFERENCE_SIZE = SMALL
 
 
 def _size(device) -> Size:
@@ -158,9 +163,10 @@ GENERATE = [pytest.param(dtype, 3, id=f"{name}-b3") for name, dtype in DTYPES.it
 def test_greedy_generation_against_the_float_reference(record, seed, device, dtype, bits):
     """Greedy generate with KVBitsCache: the prompt's step equals the DynamicCache run's logits bit
     for bit (exact attention in both); every step's logit error against float64 teacher forcing
-    is within the bound; the cache holds prompt + new - 1 tokens per sequence."""
+    is within the bound; the cache holds prompt + new - 1 tokens per sequence. At the size the
+    bound was measured on, on every device (REFERENCE_SIZE)."""
     record.backend, record.device, record.variant = "kvbits", device, f"{str(dtype)[6:]}-b{bits}"
-    size = _size(device)
+    size = REFERENCE_SIZE
     model, model64 = _models(size, seed, dtype, device)
     ids = _prompt(torch.Generator().manual_seed(seed), size, 1, size.prompt, device)
     run = _quantized_reference(model, model64, ids, size, bits)
@@ -200,9 +206,9 @@ def test_first_steps_agree_on_a_fixed_model(record, device):
 @pytest.mark.parametrize("device", device_params())
 def test_sampling_against_the_float_reference(record, seed, device):
     """Sampling (top_k=0, seeded) with KVBitsCache: per-step logit error within the bound along
-    the sampled tokens; the same seed draws the same tokens again."""
+    the sampled tokens; the same seed draws the same tokens again (REFERENCE_SIZE)."""
     record.backend, record.device, record.variant = "kvbits", device, "fp16-b3-sample"
-    size = _size(device)
+    size = REFERENCE_SIZE
     model, model64 = _models(size, seed, torch.float16, device)
     ids = _prompt(torch.Generator().manual_seed(seed), size, 1, size.prompt, device)
     seq, logits = _generate(model, ids, new=size.new, cache=_kvbits_cache(model, size), attention=ATTENTION_NAME,

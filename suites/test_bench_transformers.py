@@ -1,0 +1,131 @@
+"""End-to-end benchmark: a transformers model decoding on its KV cache (run by the bench session
+with the sweep; records figures, never asserts on speed).
+
+A Llama-3-8B-shaped model (32 layers, hidden 4096, 32 query and 8 kv heads of 128, random
+weights in bf16, the way serving benchmarks time models without their weights) takes a random
+prompt of S tokens per row (prefill), then decodes STEPS tokens greedily one forward at a time,
+eager, with: transformers' default DynamicCache (SDPA), its preallocated StaticCache (SDPA), and
+the 3-bit kvbits cache (:mod:`kernels.integrations.transformers`). Per case: decode tokens per
+second and ms per step, prefill seconds, peak device memory above the weights, the cache's bytes
+per token across the layers and the longest context one sequence fits in 80 and 141 GB beside
+the weights. In the interpreter on CPU, a two-layer model at tiny sizes.
+"""
+
+from __future__ import annotations
+
+import gc
+import time
+
+import pytest
+import torch
+
+transformers = pytest.importorskip("transformers", reason="the end-to-end benchmark needs transformers (the "
+                                   "'transformers' extra)")
+from transformers import DynamicCache, LlamaConfig, LlamaForCausalLM, StaticCache  # noqa: E402
+from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding  # noqa: E402
+
+from kernels.integrations.transformers import ATTENTION_NAME, KVBitsCache  # noqa: E402
+
+pytestmark = [pytest.mark.bench, pytest.mark.sweep]
+
+GPU = torch.cuda.is_available()
+DEVICE = "cuda" if GPU else "cpu"
+LLAMA3_8B = dict(hidden_size=4096, intermediate_size=14336, num_attention_heads=32, num_key_value_heads=8,
+                 head_dim=128, num_hidden_layers=32, vocab_size=128256)
+TINY = dict(hidden_size=128, intermediate_size=256, num_attention_heads=4, num_key_value_heads=2, head_dim=64,
+            num_hidden_layers=2, vocab_size=256)
+# (batch, prompt tokens): batch 8 at 128K is left out: the bf16 caches need 128 GB for it
+CASES = [(1, 8192), (1, 32768), (1, 131072), (8, 8192), (8, 32768)] if GPU else [(1, 96), (2, 70)]
+CACHES = ("dynamic", "static", "kvbits-3bit")
+STEPS = 32 if GPU else 3
+MEMORY_GB = (80, 141)  # device sizes the longest context is given for
+
+
+@pytest.fixture(scope="module")
+def model():
+    """The model in bf16 (fp32 on CPU) on DEVICE, weights drawn N(0, 0.02) from a fixed seed."""
+    config = LlamaConfig(**(LLAMA3_8B if GPU else TINY), max_position_embeddings=max(s for _, s in CASES) + STEPS + 8)
+    dtype = torch.bfloat16 if GPU else torch.float32
+    with torch.device("meta"):  # no host copy of 8B parameters: allocated on the device, then drawn there
+        net = LlamaForCausalLM(config)
+    net = net.to_empty(device=DEVICE).to(dtype).eval()
+    gen = torch.Generator(device=DEVICE).manual_seed(0)
+    with torch.no_grad():
+        for p in net.parameters():
+            p.normal_(0.0, 0.02, generator=gen)
+    net.model.rotary_emb = LlamaRotaryEmbedding(config).to(DEVICE)  # its frequencies are computed, not drawn
+    yield net
+    del net
+    gc.collect()
+
+
+def _cache(kind: str, net, capacity: int):
+    if kind == "dynamic":
+        return DynamicCache(config=net.config), "sdpa"
+    if kind == "static":
+        return StaticCache(config=net.config, max_cache_len=capacity), "sdpa"
+    return KVBitsCache(net.config, max_cache_len=capacity, bits=3), ATTENTION_NAME
+
+
+def _sync():
+    if GPU:
+        torch.cuda.synchronize()
+
+
+def _cache_bytes_per_token(kind: str, cache, config) -> float:
+    """Bytes one token takes in the cache across the layers (kvbits: its pool's codes, scales and
+    zeros; the bf16 caches: K and V)."""
+    if kind == "kvbits-3bit":
+        return sum(layer.paged.bytes_per_token() for layer in cache.layers)
+    dtype_bytes = 2 if GPU else 4
+    return 2 * config.num_hidden_layers * config.num_key_value_heads * config.head_dim * dtype_bytes
+
+
+@pytest.mark.parametrize("kind", CACHES)
+@pytest.mark.parametrize(("batch", "prompt"), CASES, ids=[f"B{b}-S{s}" for b, s in CASES])
+def test_bench_generate(record, model, batch, prompt, kind):
+    record.backend, record.device, record.variant = "transformers", DEVICE, kind
+    config = model.config
+    gen = torch.Generator(device=DEVICE).manual_seed(prompt + batch)
+    ids = torch.randint(0, config.vocab_size, (batch, prompt), generator=gen, device=DEVICE)
+    cache, attention = _cache(kind, model, prompt + STEPS + 1)
+    model.set_attn_implementation(attention)
+    weights = sum(p.numel() * p.element_size() for p in model.parameters())
+    if GPU:
+        gc.collect()
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats()
+        before = torch.cuda.memory_allocated()
+    try:
+        with torch.no_grad():
+            _sync()
+            t0 = time.perf_counter()
+            out = model(input_ids=ids, past_key_values=cache, use_cache=True, logits_to_keep=1)
+            token = out.logits[:, -1:].argmax(-1)
+            _sync()
+            prefill_s = time.perf_counter() - t0
+            ms = []
+            for step in range(STEPS):
+                position = torch.arange(prompt + step, prompt + step + 1, device=DEVICE)
+                _sync()
+                t0 = time.perf_counter()
+                out = model(input_ids=token, past_key_values=cache, use_cache=True, cache_position=position,
+                            logits_to_keep=1)
+                token = out.logits[:, -1:].argmax(-1)
+                _sync()
+                ms.append((time.perf_counter() - t0) * 1e3)
+    finally:
+        model.set_attn_implementation("sdpa")
+    median = sorted(ms)[len(ms) // 2]
+    per_token = _cache_bytes_per_token(kind, cache, config)
+    figures = {"ms": median, "tokens_per_s": batch / (median / 1e3), "prefill_s": prefill_s,
+               "bytes_per_token": per_token, "max_ms": max(ms),
+               "shape": f"Llama-3-8B-shaped ({config.num_hidden_layers} layers, random weights), B={batch} "
+                        f"S={prompt}, {STEPS} greedy steps, eager"}
+    if GPU:
+        figures["peak_gb_above_weights"] = (torch.cuda.max_memory_allocated() - before) / 1e9
+        for gb in MEMORY_GB:  # one sequence, beside the weights and 10% for activations
+            figures[f"longest_context_{gb}gb"] = int((gb * 1e9 * 0.9 - weights) // per_token)
+    record.add(**figures)
+    assert token.shape == (batch, 1) and bool((token >= 0).all())
+    assert cache.get_seq_length() == prompt + STEPS
