@@ -444,23 +444,69 @@ def test_the_pipeline_reruns_only_the_suspects_beside_the_results(tmp_path, monk
     from harness.run import commands, pipeline
 
     steps = commands.plan("gpu_verify", python="py", leg="L", gpus=["0"], reports_dir=str(tmp_path), timeout=None)
-    bench = steps[-1]
+    suites, bench = steps
     ran = []
     monkeypatch.setattr(pipeline, "_run", lambda name, argv, env, timings, ok=(0,): ran.append((name, argv, ok)) or 0)
-    monkeypatch.setattr(pipeline, "suspected_slowdowns", lambda results_dir, baseline, python: (
-        ["suites/test_bench_x.py::kernel[a]", "suites/test_bench_x.py::kernel[b]"] if baseline else []))
-    assert pipeline.confirm_slowdowns(steps, [], "base.json", []) is None  # no GPU: nothing at all
-    assert pipeline.confirm_slowdowns(steps, ["0"], None, []) is None  # no baseline: nothing to confirm
-    assert pipeline.confirm_slowdowns(steps[:1], ["0"], "base.json", []) is None  # no benchmarks
+    suspects = {bench.results_dir: ["suites/test_bench_x.py::kernel[a]", "suites/test_bench_x.py::kernel[b]"],
+                suites.results_dir: ["suites/test_x.py::drifty"]}
+    monkeypatch.setattr(pipeline, "suspected_regressions", lambda results_dir, baseline, python: (
+        suspects.get(results_dir, []) if baseline else []))
+    assert pipeline.confirm_suspects(steps, [], "base.json", []) == []  # no GPU: nothing at all
+    assert pipeline.confirm_suspects(steps, ["0"], None, []) == []  # no baseline: nothing to confirm
     assert ran == []
-    out = pipeline.confirm_slowdowns(steps, ["0"], "base.json", [])
-    assert out == bench.results_dir + "-confirm"
-    ((name, argv, ok),) = ran
+    outs = pipeline.confirm_suspects(steps, ["0"], "base.json", [])
+    assert outs == [suites.results_dir + "-confirm", bench.results_dir + "-confirm"]
+    (s_name, s_argv, s_ok), (name, argv, ok) = ran
+    assert (s_name, s_ok) == ("confirm suites", (0, 1))
+    assert s_argv[s_argv.index("--results-dir") + 1] == outs[0] and "suites" not in s_argv
+    assert "suites/test_x.py::drifty" in s_argv and "-n" in s_argv  # the suites' own workers and GPU pinning
     assert name == "confirm" and ok == (0, 1)
-    assert argv[argv.index("--results-dir") + 1] == out and "suites" not in argv
+    assert argv[argv.index("--results-dir") + 1] == outs[1] and "suites" not in argv
     assert argv[:3] == bench.argv[:3] and argv[3:5] == ["suites/test_bench_x.py::kernel[a]",
                                                          "suites/test_bench_x.py::kernel[b]"]
-    assert argv[5:] == [a if a != bench.results_dir else out for a in bench.argv[4:]]
+    assert argv[5:] == [a if a != bench.results_dir else outs[1] for a in bench.argv[4:]]
+    ran.clear()
+    suspects[suites.results_dir] = []
+    assert pipeline.confirm_suspects(steps, ["0"], "base.json", []) == [bench.results_dir + "-confirm"]
+    assert [name for name, _, _ in ran] == ["confirm"]  # a step without suspects is not re-run
+
+
+def _checked(case, err):
+    """A suites record of a check with fresh random inputs and its worst error."""
+    return rec("x", case, "passed", backend="triton", variant="v", device="cuda:0", metrics={"max_abs_err": err})
+
+
+def test_a_grown_error_that_does_not_repeat_is_unconfirmed(tmp_path):
+    """An error past twice the baseline's is a suspect; its re-run (fresh inputs) decides: back
+    within the factor, unconfirmed; past it again, a regression."""
+    from harness.report import summarize
+
+    base = make_baseline(load_results([_run(tmp_path, "a", [_checked("drifty", 1e-4), _checked("lossy", 1e-4),
+                                                            _checked("steady", 1e-4)])]))
+    first = [_checked("drifty", 3e-4), _checked("lossy", 3e-4), _checked("steady", 1.1e-4)]
+    alone = compare(load_results([_run(tmp_path, "gpu_verify-L", first)]), base)
+    assert {f.case for f in alone.suspects()} == {"drifty", "lossy"}
+    assert {(f.kind, f.confirmed) for f in alone.regressions} == {("error grew", None)}
+
+    def judged(folder, rerun):
+        results = load_results([_run(tmp_path / folder, "gpu_verify-L", first),
+                                _run(tmp_path / folder, "gpu_verify-L-confirm", rerun)])
+        return results, compare(results, base)
+
+    results, comparison = judged("1", [_checked("drifty", 1.2e-4), _checked("lossy", 5e-4)])
+    (unconfirmed,) = comparison.unconfirmed
+    assert (unconfirmed.case, unconfirmed.confirmed) == ("drifty", False)
+    assert "not repeated by its re-run (1.20e-04)" in unconfirmed.note
+    (confirmed,) = comparison.regressions
+    assert (confirmed.case, confirmed.kind, confirmed.confirmed) == ("lossy", "error grew", True)
+    assert comparison.suspects() == [] and summarize(results, comparison).verdict == "REGRESSED"
+
+    results, comparison = judged("2", [_checked("drifty", 1e-4), _checked("lossy", 1.5e-4)])
+    assert comparison.regressions == [] and {f.case for f in comparison.unconfirmed} == {"drifty", "lossy"}
+    assert summarize(results, comparison).verdict == "PASSED"
+
+    _, comparison = judged("3", [_checked("drifty", float("nan"))])  # NaN grew; the lost case is unsettled
+    assert {(f.case, f.confirmed) for f in comparison.regressions} == {("drifty", True), ("lossy", None)}
 
 
 def test_confirmation_reruns_stay_out_of_the_history(tmp_path, private_history):

@@ -37,7 +37,9 @@ before the spread was kept.
 **Categories.** A slowdown of a kernel's own figure beyond threshold and noise is a suspected
 regression; where the pipeline re-ran the suspected cases (``ResultSet.confirmations``) it stays
 a regression only when the re-run is slower again beyond threshold and noise (``confirmed``),
-else it is listed as unconfirmed. Slowdowns within the noise, figures bound by the host's launch
+else it is listed as unconfirmed. An error grown past ``error_factor`` times the baseline's is
+weighed the same way: the re-run draws fresh random inputs, and the error stays a regression
+only when it is past the factor again. Slowdowns within the noise, figures bound by the host's launch
 cost (``bound: "host"``) and CPU baselines (a case on the CPU in a GPU run) are listed apart and
 never count as regressions on their timing; a record whose metrics say ``"reference": true`` is
 a reference measurement, a baseline a benchmark times beside the kernels (torch.compile, the
@@ -279,8 +281,10 @@ class Comparison:
         return [f for f in self.regressions if f.confirmed]
 
     def suspects(self) -> list[Finding]:
-        """Kernel slowdowns beyond threshold and noise that no re-run has weighed yet."""
-        return [f for f in self.regressions if f.kind == "slower" and f.category == KERNEL and f.confirmed is None]
+        """Kernel slowdowns beyond threshold and noise, and errors grown past the factor, that no
+        re-run has weighed yet."""
+        return [f for f in self.regressions if f.confirmed is None
+                and ((f.kind == "slower" and f.category == KERNEL) or f.kind == "error grew")]
 
 
 def _finding(kind, key, run, record, metric, base, cur, change=None, note="") -> Finding:
@@ -377,18 +381,22 @@ def timing_category(run: Run, record: Record, entry: dict | None = None) -> str:
     return KERNEL
 
 
+def _grown(base: float, cur: float, factor: float) -> tuple[bool, str]:
+    """Whether an error ``cur`` grew past ``factor`` times its baseline ``base``, and how to say so."""
+    if math.isnan(cur):
+        return True, "now NaN"
+    if base == 0:
+        return cur > 0, "was exact"
+    return cur > base * factor, f"over {factor:g}x the baseline"
+
+
 def _error_findings(key, run, record, entry, factor) -> list[Finding]:
     out = []
     for name in (*ERROR_METRICS, "bit_errors"):
         base, cur = to_float(entry.get(name)), to_float(record.metrics.get(name))
         if base is None or cur is None or math.isnan(base):
             continue
-        if math.isnan(cur):
-            grew, note = True, "now NaN"
-        elif base == 0:
-            grew, note = cur > 0, "was exact"
-        else:
-            grew, note = cur > base * factor, f"over {factor:g}x the baseline"
+        grew, note = _grown(base, cur, factor)
         if grew:
             change = None if base == 0 or math.isnan(cur) else (cur / base - 1.0) * 100.0
             out.append(_finding("error grew", key, run, record, name, base, cur, change, note))
@@ -439,6 +447,20 @@ def _confirm(finding: Finding, again: Record | None, entry: dict, k: float, floo
     finding.confirmed = pct > noise
     verb = "repeated" if finding.confirmed else "not repeated"
     finding.note += f"; {verb} by its re-run ({fmt_signed_pct(pct)}, {fmt_sig(cur)} {finding.metric})"
+
+
+def _confirm_error(finding: Finding, again: Record | None, entry: dict, factor: float) -> None:
+    """Weigh a grown error against its re-run, which draws fresh random inputs (one draw's error
+    can be an outlier; a loss of precision shows in every draw): confirmed when the re-run's error
+    is past the factor too, unconfirmed when it is not; left unsettled (a regression all the
+    same) when the re-run has no figure."""
+    cur = to_float(again.metrics.get(finding.metric)) if again and again.outcome == "passed" else None
+    if cur is None:
+        finding.note += "; its re-run has no figure"
+        return
+    finding.confirmed, _ = _grown(to_float(entry.get(finding.metric)), cur, factor)
+    verb = "repeated" if finding.confirmed else "not repeated"
+    finding.note += f"; {verb} by its re-run ({fmt_sig(cur)})"
 
 
 def _file_timing(comparison: Comparison, finding: Finding) -> None:
@@ -530,7 +552,10 @@ def compare(
                         finding.category = REFERENCE
                         comparison.references.append(finding)
                 continue
-            comparison.regressions.extend(errors)
+            for finding in errors:
+                if reruns is not None:
+                    _confirm_error(finding, reruns.get(key), entry, error_factor)
+                (comparison.unconfirmed if finding.confirmed is False else comparison.regressions).append(finding)
             if timing is None:
                 continue
             timing.category = category

@@ -68,7 +68,8 @@ def build_parser() -> argparse.ArgumentParser:
     _common(summ)
     summ.add_argument("--markdown", action="store_true", help="print the Markdown summary instead")
     sus = sub.add_parser("suspects", help="print the node ids of kernel cases whose timing regressed beyond "
-                                          "threshold and noise, one per line (what a confirmation re-run re-runs)")
+                                          "threshold and noise, and of cases whose error grew past its factor, one "
+                                          "per line (what a confirmation re-run re-runs)")
     _common(sus)
     return parser
 
@@ -103,7 +104,7 @@ def _comparison(parser: argparse.ArgumentParser, args, results):
 
 
 def _suspects(comparison) -> list[str]:
-    """Node ids of the suspected kernel slowdowns, each once, in the comparison's order."""
+    """Node ids of the suspects (kernel slowdowns, grown errors), each once, in the comparison's order."""
     found = [] if comparison is None else [f.nodeid for f in comparison.suspects() if f.nodeid]
     return list(dict.fromkeys(found))
 

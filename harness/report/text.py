@@ -72,7 +72,7 @@ def _finding_text(finding) -> str:
 
 # Timing changes a comparison lists apart from its regressions: (attribute, what they are).
 APART = (
-    ("unconfirmed", "slower, not repeated by the re-run"),
+    ("unconfirmed", "slower or a grown error, not repeated by the re-run"),
     ("within_noise", "slower within the noise"),
     ("host_bound", "host-bound (the host's launch cost)"),
     ("cpu_baselines", "CPU baselines timed on the GPU host"),

@@ -19,8 +19,9 @@ starts, so a step it skips shows nothing old); the report of a kind
 for ``report``) covers every run directory of that kind, so the legs of one family share one
 page and one family's run never overwrites another's report. The exit code is 0
 only when every step succeeded; 3 means gpu_verify found no CUDA device. On a GPU, benchmark
-cases slower than the baseline beyond threshold and noise are timed once more into
-``<benchmarks' directory>-confirm`` before the report (:func:`confirm_slowdowns`).
+cases slower than the baseline beyond threshold and noise, and cases whose error grew past its
+factor, are run once more into ``<step's directory>-confirm`` before the report
+(:func:`confirm_suspects`).
 """
 
 from __future__ import annotations
@@ -161,50 +162,62 @@ def record_history(run_dirs: Sequence[str], path: Path | None = None) -> list[st
     return added
 
 
-def suspected_slowdowns(results_dir: str, baseline: str, python: str = sys.executable) -> list[str]:
-    """Node ids of the kernel cases in ``results_dir`` slower than ``baseline`` beyond threshold and
-    noise (``python -m harness suspects``, in a child: the report's comparison is not this
-    package's to import); none when that cannot be told, which is said."""
+def suspected_regressions(results_dir: str, baseline: str, python: str = sys.executable) -> list[str]:
+    """Node ids of the cases in ``results_dir`` whose kernel timing is slower than ``baseline``
+    beyond threshold and noise, or whose error grew past its factor (``python -m harness
+    suspects``, in a child: the report's comparison is not this package's to import); none when
+    that cannot be told, which is said."""
     argv = [python, "-m", "harness", "suspects", results_dir, "--baseline", baseline]
     try:
         out = subprocess.run(argv, capture_output=True, text=True, timeout=600)
     except (OSError, subprocess.TimeoutExpired) as exc:
-        _say(f"confirm: could not compare the benchmarks with {baseline}: {exc}")
+        _say(f"confirm: could not compare {results_dir} with {baseline}: {exc}")
         return []
     if out.returncode != 0:
         reason = (out.stderr.strip().splitlines() or [f"exit {out.returncode}"])[-1]
-        _say(f"confirm: could not compare the benchmarks with {baseline}: {reason}")
+        _say(f"confirm: could not compare {results_dir} with {baseline}: {reason}")
         return []
     return [line.strip() for line in out.stdout.splitlines() if line.strip()]
 
 
 def rerun_argv(argv: Sequence[str], nodeids: Sequence[str], results_dir: str) -> list[str]:
-    """A benchmark step's pytest command narrowed to ``nodeids``, recording into ``results_dir``."""
+    """A suites or benchmark step's pytest command narrowed to ``nodeids``, recording into
+    ``results_dir``."""
     out = list(argv)
     out[out.index("--results-dir") + 1] = results_dir
     where = out.index("suites")
     return [*out[:where], *nodeids, *out[where + 1:]]
 
 
-def confirm_slowdowns(steps: Sequence, gpus: Sequence[str], baseline: str | None, timings: list[dict],
-                      python: str = sys.executable) -> str | None:
-    """Re-run once, into ``<benchmarks' run directory>-confirm``, the benchmark cases slower than
-    ``baseline`` beyond threshold and noise: the report then calls a slowdown confirmed only when
-    its re-run shows it too (harness/report/baseline.py). The benchmarks' own results are never
-    touched, and a re-run that fails fails nothing (its slowdowns stay unsettled, so counted).
-    Without a GPU, a benchmark step, a baseline or a suspect, nothing is run. Returns the re-run's
-    directory, or None."""
-    bench = next((step for step in steps if step.name == "benchmarks" and step.results_dir), None)
-    if not gpus or bench is None or baseline is None:
-        return None
-    suspects = suspected_slowdowns(bench.results_dir, baseline, python)
-    if not suspects:
-        return None
-    out = bench.results_dir + CONFIRM_SUFFIX
-    shutil.rmtree(out, ignore_errors=True)
-    _say(f"confirm: {len(suspects)} benchmark case(s) slower than the baseline; timing them once more")
-    _run("confirm", rerun_argv(bench.argv, suspects, out), bench.env, timings, ok=(0, 1))
-    return out
+CONFIRMED_STEPS = {"suites": "confirm suites", "benchmarks": "confirm"}  # step -> its re-run's name
+
+
+def confirm_suspects(steps: Sequence, gpus: Sequence[str], baseline: str | None, timings: list[dict],
+                     python: str = sys.executable) -> list[str]:
+    """Re-run once, into ``<step's run directory>-confirm``, each suites or benchmark step's
+    suspects against ``baseline``: the kernel cases slower beyond threshold and noise, and the
+    cases whose error grew past its factor (their re-run draws fresh random inputs). The report
+    then counts a suspect only when its re-run shows it too (harness/report/baseline.py). The
+    steps' own results are never touched, and a re-run that fails fails nothing (its suspects
+    stay unsettled, so counted). Without a GPU or a baseline nothing is run. Returns the re-runs'
+    directories."""
+    if not gpus or baseline is None:
+        return []
+    done = []
+    for step in steps:
+        name = CONFIRMED_STEPS.get(step.name)
+        if name is None or not step.results_dir:
+            continue
+        suspects = suspected_regressions(step.results_dir, baseline, python)
+        if not suspects:
+            continue
+        out = step.results_dir + CONFIRM_SUFFIX
+        shutil.rmtree(out, ignore_errors=True)
+        _say(f"confirm: {len(suspects)} {step.name} case(s) beyond the baseline's threshold and noise; running "
+             f"them once more")
+        _run(name, rerun_argv(step.argv, suspects, out), step.env, timings, ok=(0, 1))
+        done.append(out)
+    return done
 
 
 def _say(text: str) -> None:
@@ -342,7 +355,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             if rc == 5 and step.name == "suites":
                 _say("suites: no test was collected, so nothing was checked")
             failed |= rc not in step.ok
-        confirm_slowdowns(steps, gpus, pick_baseline(args.baseline, leg, gpu=bool(gpus)), timings, python)
+        confirm_suspects(steps, gpus, pick_baseline(args.baseline, leg, gpu=bool(gpus)), timings, python)
     except BaseException:
         failed = True
         raise
