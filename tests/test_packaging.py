@@ -1,0 +1,107 @@
+"""The project installs beside Hugging Face's hub-kernels loader, whose distribution ``kernels``
+has the top-level import name of this repository's ``kernels/`` folder (transformers imports it
+when it is installed): the folder installs as ``kvbits``. Both go into one virtualenv from
+wheels; neither overwrites the other's files; outside the checkout ``import kernels`` is Hugging
+Face's (transformers takes it for its hub kernels) and ``import kvbits`` this project's, whose
+transformers cache generates with the hub loader beside it. Needs pip and PyPI."""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import os
+import site
+import subprocess
+import sys
+import venv
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+HUB_KERNELS = ["kernels==0.16.2", "huggingface-hub>=1.10,<2"]  # in transformers 5.17's range; its hub pin
+
+CHECK = r"""
+import sys
+from pathlib import Path
+
+venv = Path(sys.prefix)
+import kernels
+assert Path(kernels.__file__).is_relative_to(venv) and hasattr(kernels, "get_kernel"), kernels.__file__
+import kvbits
+assert Path(kvbits.__file__).is_relative_to(venv), kvbits.__file__
+from transformers.utils.import_utils import is_kernels_available
+assert is_kernels_available(), "transformers does not take the hub loader for its kernels"
+
+import torch
+from transformers import LlamaConfig, LlamaForCausalLM
+import kvbits.integrations.transformers as kv
+
+torch.manual_seed(0)
+config = LlamaConfig(hidden_size=128, intermediate_size=256, num_attention_heads=2, num_key_value_heads=1,
+                     head_dim=64, num_hidden_layers=1, vocab_size=64)
+model = LlamaForCausalLM(config).eval()
+model.set_attn_implementation(kv.ATTENTION_NAME)
+ids = torch.randint(1, 64, (1, 40))
+out = model.generate(ids, past_key_values=kv.KVBitsCache(config, max_cache_len=48, group_size=32),
+                     max_new_tokens=3, min_new_tokens=3, do_sample=False, pad_token_id=0)
+assert out.shape == (1, 43), out.shape
+print("ok", kernels.__file__, kvbits.__file__)
+"""
+
+
+def _pip(python: Path, *args: str, cwd: Path) -> subprocess.CompletedProcess:
+    return subprocess.run([str(python), "-m", "pip", "--disable-pip-version-check", *args], cwd=cwd,
+                          capture_output=True, text=True, timeout=900)
+
+
+def _recorded_files(site_packages: Path, dist: str) -> dict[Path, str]:
+    """Each file a distribution's RECORD lists with a hash: its path and urlsafe-base64 sha256."""
+    record = next(site_packages.glob(f"{dist}-*.dist-info/RECORD"))
+    files = {}
+    for line in record.read_text().splitlines():
+        path, digest, _ = line.rsplit(",", 2)
+        if digest.startswith("sha256="):
+            files[site_packages / path] = digest[len("sha256="):]
+    return files
+
+
+def _sha256(path: Path) -> str:
+    return base64.urlsafe_b64encode(hashlib.sha256(path.read_bytes()).digest()).rstrip(b"=").decode()
+
+
+def test_installs_beside_hugging_faces_kernels(tmp_path):
+    pytest.importorskip("transformers", reason="the check generates with transformers (the 'transformers' extra)")
+    probe = _pip(Path(sys.executable), "download", "--no-deps", "-q", "-d", str(tmp_path / "probe"), HUB_KERNELS[0],
+                 cwd=tmp_path)
+    if probe.returncode:
+        pytest.skip(f"PyPI cannot be reached for {HUB_KERNELS[0]}: {probe.stderr.strip().splitlines()[-1:]}")
+    wheels = tmp_path / "wheels"
+    built = _pip(Path(sys.executable), "wheel", "--no-deps", "-q", "-w", str(wheels), str(ROOT), cwd=tmp_path)
+    assert built.returncode == 0, built.stderr
+    (wheel,) = wheels.glob("kvbits-*.whl")
+
+    env_dir = tmp_path / "venv"
+    venv.create(env_dir, with_pip=True)
+    python = env_dir / "bin" / "python"
+    inner = Path(subprocess.run([str(python), "-c", "import site; print(site.getsitepackages()[0])"],
+                                capture_output=True, text=True, check=True).stdout.strip())
+    hub = _pip(python, "install", "-q", *HUB_KERNELS, cwd=tmp_path)
+    assert hub.returncode == 0, hub.stderr
+    theirs = _recorded_files(inner, "kernels")
+    ours = _pip(python, "install", "-q", "--no-deps", str(wheel), cwd=tmp_path)
+    assert ours.returncode == 0, ours.stderr
+
+    assert sorted(p.name for p in inner.glob("kvbits*")) == ["kvbits", f"{wheel.name.split('-py')[0]}.dist-info"]
+    listed = {Path(line.rsplit(",", 2)[0]).parts[0] for line in
+              next(inner.glob("kvbits-*.dist-info/RECORD")).read_text().splitlines()}
+    assert "kernels" not in listed, f"the wheel installs a top-level kernels package: {sorted(listed)}"
+    changed = [str(p) for p, digest in theirs.items() if _sha256(p) != digest]
+    assert not changed, f"installing kvbits changed the hub loader's files: {changed[:5]}"
+
+    # torch and transformers come from this interpreter's environment, after the venv's own packages
+    (inner / "zz_outer_environment.pth").write_text(site.getsitepackages()[0] + "\n")
+    run = subprocess.run([str(python), "-c", CHECK], cwd=tmp_path, capture_output=True, text=True, timeout=600,
+                         env={k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONHOME")})
+    assert run.returncode == 0, run.stdout + run.stderr
+    assert run.stdout.startswith("ok")
