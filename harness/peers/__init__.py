@@ -1,0 +1,44 @@
+"""Peers: the decode attention users would pick instead of kvbits, each adapted to one interface
+(:class:`harness.peers.base.Peer`) so the decode benchmarks can time them side by side.
+
+- ``base``: the interface and its argument checks.
+- ``preallocated``: a preallocated fp16/bf16 cache written in place (shared by ``sdpa``, ``flex``).
+- ``sdpa``: torch SDPA with one backend (flash, cuDNN, memory-efficient, math).
+- ``flex``: FlexAttention with a block mask to the current length.
+
+``PEERS`` maps a stable name to a factory taking the :class:`Peer` constructor's arguments;
+nothing else is held at module level. The peers' packages are imported only when used.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from functools import partial
+
+import torch
+
+from .base import Peer
+from .flex import FlexPeer
+from .sdpa import SdpaPeer
+
+PEERS: dict[str, Callable[..., Peer]] = {
+    "sdpa-flash": partial(SdpaPeer, "flash"),
+    "sdpa-cudnn": partial(SdpaPeer, "cudnn"),
+    "sdpa-efficient": partial(SdpaPeer, "efficient"),
+    "sdpa-math": partial(SdpaPeer, "math"),
+    "flex": FlexPeer,
+}
+
+
+def availability(device: str | torch.device = "cpu", dtype: torch.dtype = torch.float16, *, batch: int = 1,
+                 q_heads: int = 8, kv_heads: int = 2, head_dim: int = 128, capacity: int = 256
+                 ) -> list[tuple[str, bool, str | None]]:
+    """(name, usable, reason it is not or None) of every peer for this device, dtype and shape."""
+    rows = []
+    for name, make in PEERS.items():
+        reason = make(batch, q_heads, kv_heads, head_dim, capacity, dtype=dtype, device=device).missing()
+        rows.append((name, reason is None, reason))
+    return rows
+
+
+__all__ = ["PEERS", "Peer", "availability"]

@@ -1,0 +1,125 @@
+"""The interface every peer adapter keeps: what the decode benchmarks time kvbits against.
+
+A peer holds one attention layer's K/V cache for ``batch`` sequences of equal length in the
+peer's own storage and API. The benchmark calls :meth:`Peer.load` with the prompt, then per step
+:meth:`Peer.append` (one token per sequence) and :meth:`Peer.attend` (one query token per
+sequence). The public methods check their arguments (``TypeError``/``ValueError`` naming the
+argument) and hand over to the subclass's ``_load``/``_append``/``_attend``.
+"""
+
+from __future__ import annotations
+
+import math
+from abc import ABC, abstractmethod
+from importlib import metadata
+
+import torch
+
+from kernels._checks import require_dtype, require_int, require_rank, require_tensor
+
+DTYPES = (torch.float16, torch.bfloat16)  # the model dtypes a peer is asked to serve
+
+
+def dist_version(dist: str) -> str | None:
+    """The installed version of distribution ``dist`` (e.g. "flashinfer-python"), None if absent."""
+    try:
+        return metadata.version(dist)
+    except metadata.PackageNotFoundError:
+        return None
+
+
+class Peer(ABC):
+    """One layer's K/V cache and decode attention in a peer's storage.
+
+    Constructed with the problem only (nothing allocated: :meth:`missing` can be asked first):
+    ``batch`` sequences, ``q_heads`` query heads over ``kv_heads`` K/V heads (GQA, ``q_heads %
+    kv_heads == 0``) of ``head_dim`` channels, at most ``capacity`` tokens per sequence, K/V/q in
+    ``dtype`` (fp16 or bf16) on ``device``. The softmax scale is ``1 / sqrt(head_dim)``.
+    """
+
+    name: str = "peer"
+    bits: int = 16  # bits per stored K/V element
+    graph_capturable: bool = False  # append + attend capturable in one CUDA graph as is
+
+    def __init__(self, batch: int, q_heads: int, kv_heads: int, head_dim: int, capacity: int,
+                 dtype: torch.dtype = torch.float16, device: str | torch.device = "cpu"):
+        for arg, value in (("batch", batch), ("q_heads", q_heads), ("kv_heads", kv_heads),
+                           ("head_dim", head_dim), ("capacity", capacity)):
+            if require_int(arg, value) <= 0:
+                raise ValueError(f"{arg} must be positive; got {value}")
+        if q_heads % kv_heads:
+            raise ValueError(f"q_heads ({q_heads}) must be a multiple of kv_heads ({kv_heads})")
+        if dtype not in DTYPES:
+            raise TypeError(f"dtype must be torch.float16 or torch.bfloat16; got {dtype}")
+        self.batch, self.q_heads, self.kv_heads = batch, q_heads, kv_heads
+        self.head_dim, self.capacity, self.dtype = head_dim, capacity, dtype
+        self.device = torch.device(device)
+        self.sm_scale = 1.0 / math.sqrt(head_dim)
+        self.length = 0  # tokens per sequence so far
+
+    # --- what a subclass provides -------------------------------------------------------------
+
+    @abstractmethod
+    def missing(self) -> str | None:
+        """None when the peer can run here, else why not (the package/version or device missing)."""
+
+    @abstractmethod
+    def version(self) -> str:
+        """The peer package's version, for the report's environment table."""
+
+    @abstractmethod
+    def bytes_per_token(self) -> float:
+        """Bytes the peer stores per token of one sequence, across the K/V heads of one layer."""
+
+    @abstractmethod
+    def _load(self, k: torch.Tensor, v: torch.Tensor) -> None: ...
+
+    @abstractmethod
+    def _append(self, k: torch.Tensor, v: torch.Tensor) -> None: ...
+
+    @abstractmethod
+    def _attend(self, q: torch.Tensor) -> torch.Tensor: ...
+
+    # --- the checked calls the benchmark makes ------------------------------------------------
+
+    def load(self, k: torch.Tensor, v: torch.Tensor) -> None:
+        """Start every sequence with a prompt: k, v [B, Hkv, S, D] in ``dtype``, 1 <= S <= capacity.
+        Replaces whatever the cache held."""
+        for arg, t in (("k", k), ("v", v)):
+            self._check(arg, t, (self.batch, self.kv_heads, None, self.head_dim))
+        if k.shape != v.shape:
+            raise ValueError(f"k and v must have the same shape; got {tuple(k.shape)} and {tuple(v.shape)}")
+        if not 1 <= k.shape[2] <= self.capacity:
+            raise ValueError(f"k's prompt length must be in 1..capacity ({self.capacity}); got {k.shape[2]}")
+        self._load(k, v)
+        self.length = k.shape[2]
+
+    def append(self, k: torch.Tensor, v: torch.Tensor) -> None:
+        """Append one token to every sequence: k, v [B, Hkv, D] in ``dtype``."""
+        for arg, t in (("k", k), ("v", v)):
+            self._check(arg, t, (self.batch, self.kv_heads, self.head_dim))
+        if self.length == 0:
+            raise RuntimeError(f"{self.name}: load a prompt before append")
+        if self.length >= self.capacity:
+            raise ValueError(f"{self.name}: capacity ({self.capacity} tokens) reached; k cannot be appended")
+        self._append(k, v)
+        self.length += 1
+
+    def attend(self, q: torch.Tensor) -> torch.Tensor:
+        """Attention of one query token per sequence over its tokens so far: q [B, Hq, D] in
+        ``dtype`` -> [B, Hq, D] in q's dtype."""
+        self._check("q", q, (self.batch, self.q_heads, self.head_dim))
+        if self.length == 0:
+            raise RuntimeError(f"{self.name}: load a prompt before attend")
+        return self._attend(q)
+
+    def _check(self, arg: str, t, shape: tuple[int | None, ...]) -> None:
+        """t a tensor of ``dtype`` on ``device`` with ``shape`` (None: any size there)."""
+        require_tensor(arg, t)
+        require_rank(arg, t, len(shape))
+        if any(want is not None and got != want for got, want in zip(t.shape, shape, strict=True)):
+            want = ", ".join("*" if s is None else str(s) for s in shape)
+            raise ValueError(f"{arg} must have shape [{want}]; got {tuple(t.shape)}")
+        require_dtype(arg, t, (self.dtype,))
+        if t.device.type != self.device.type:
+            raise ValueError(f"{arg} must be on {self.device}; got {t.device}")
