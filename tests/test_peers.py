@@ -2,18 +2,24 @@
 
 Peers that run here (SDPA math, FlexAttention eager) are loaded with a random prompt, grown one
 token at a time across their boundary (a KV block of the block mask) and compared with float64
-attention over every token so far. SDPA's CUDA-only backends are checked through ``missing()``
-naming the device.
+attention over every token so far. The GPU-only peers (FlashInfer, flash-attn, SDPA
+flash/cuDNN) are checked through what runs without their package: the paged layout and page
+table FlashInfer is given, the adapters' calls against stand-in modules that do what the
+packages' documentation says, and ``missing()`` naming the device or the package.
 """
 
 from __future__ import annotations
 
 import math
+import sys
+import types
 
 import pytest
 import torch
 
-from harness.peers import PEERS, availability
+from harness.peers import PEERS, availability, paged
+from harness.peers.flash_attn import FlashAttnPeer
+from harness.peers.flashinfer import FlashInferPeer
 from harness.peers.sdpa import SdpaPeer
 
 B, HQ, HKV, D = 2, 4, 2, 64  # GQA: two query heads per K/V head
@@ -87,10 +93,161 @@ def test_flex_mask_follows_a_fresh_load():
         assert (out.double() - reference(q, k, v)).abs().max().item() < FP16_TOL
 
 
+# --- FlashInfer's paged layout, without flashinfer ------------------------------------------------
+
+def test_pages_reconstruct_the_prompt_exactly():
+    x = torch.randn(B, HKV, 37, D, generator=torch.Generator().manual_seed(1)).half()
+    pool = paged.to_pages(x, 16, 4)
+    assert pool.shape == (B * 4, 16, HKV, D)
+    indptr, indices, last = paged.page_table([37] * B, 16, 4)
+    assert indptr.tolist() == [0, 3, 6] and indices.tolist() == [0, 1, 2, 4, 5, 6]
+    assert last.tolist() == [5, 5] and indptr.dtype == indices.dtype == last.dtype == torch.int32
+    for b, tokens in enumerate(paged.from_pages(pool, indptr, indices, last)):
+        assert torch.equal(tokens, x[b])
+
+
+def test_append_crosses_a_page_boundary():
+    """Prompt of 15 tokens: the appends land in page 0's last slot, then page 1's first two."""
+    gen = torch.Generator().manual_seed(2)
+    x = torch.randn(B, HKV, 15, D, generator=gen).half()
+    pool = paged.to_pages(x, 16, 3)
+    first = paged.first_pages(B, 3)
+    positions = torch.full((B,), 15)
+    tokens = []
+    for _ in range(3):
+        t = torch.randn(B, HKV, D, generator=gen).half()
+        paged.write_token(pool, t, first, positions)
+        positions += 1
+        tokens.append(t[:, :, None])
+    for b in range(B):
+        assert torch.equal(pool[3 * b, 15], tokens[0][b, :, 0])
+        assert torch.equal(pool[3 * b + 1, 0], tokens[1][b, :, 0])
+        assert torch.equal(pool[3 * b + 1, 1], tokens[2][b, :, 0])
+    indptr, indices, last = paged.page_table([18] * B, 16, 3)
+    assert indices.tolist() == [0, 1, 3, 4] and last.tolist() == [2, 2]
+    whole = torch.cat([x, *tokens], 2)
+    for b, seq in enumerate(paged.from_pages(pool, indptr, indices, last)):
+        assert torch.equal(seq, whole[b])
+
+
+def test_ragged_page_table_and_appends():
+    lengths = [1, 16, 17, 0, 33]
+    indptr, indices, last = paged.page_table(lengths, 16, 3)
+    assert indptr.tolist() == [0, 1, 2, 4, 4, 7]
+    assert indices.tolist() == [0, 3, 6, 7, 12, 13, 14]
+    assert last.tolist() == [1, 16, 1, 0, 1]
+    pool = torch.zeros(15, 16, 1, 2)
+    tok = torch.arange(10.0).reshape(5, 1, 2) + 1
+    paged.write_token(pool, tok, paged.first_pages(5, 3), torch.tensor(lengths))
+    hits = {tuple(hit) for hit in pool[..., 0, 0].nonzero().tolist()}
+    assert hits == {(0, 1), (4, 0), (7, 1), (9, 0), (14, 1)}
+    grown = paged.from_pages(pool, *paged.page_table([n + 1 for n in lengths], 16, 3))
+    assert [s.shape[1] for s in grown] == [n + 1 for n in lengths]
+    assert all(torch.equal(s[:, -1], tok[b]) for b, s in enumerate(grown))
+    with pytest.raises(ValueError, match=r"lengths\[1\]"):
+        paged.page_table([3, 49], 16, 3)
+
+
+def test_fp8_pages_keep_e4m3_precision():
+    x = torch.randn(B, HKV, 20, D, generator=torch.Generator().manual_seed(4)).half() * 3
+    scale = paged.fp8_scale(x)
+    stored = paged.to_fp8(x, scale)
+    assert stored.dtype == torch.float8_e4m3fn
+    back = stored.float() * scale
+    # 3 mantissa bits: half an ulp is 2^-4 relative; below e4m3's normals (2^-6) the grid is 2^-9
+    assert ((back - x.float()).abs() <= x.float().abs() * 2 ** -4 + scale * 2 ** -10).all()
+    assert float(stored.float().abs().max()) == paged.FP8_HEADROOM
+
+
+def test_plan_args():
+    args, kwargs = paged.plan_args([20, 20], 16, 2, HQ, HKV, D, torch.float16, torch.float8_e4m3fn, 0.125)
+    indptr, indices, last, *rest = args
+    assert indptr.tolist() == [0, 2, 4] and indices.tolist() == [0, 1, 2, 3] and last.tolist() == [4, 4]
+    assert rest == [HQ, HKV, D, 16]
+    assert kwargs == {"q_data_type": torch.float16, "kv_data_type": torch.float8_e4m3fn,
+                      "o_data_type": torch.float16, "sm_scale": 0.125}
+
+
+# --- the GPU-only adapters' calls, against stand-in modules ------------------------------------------
+
+class FakeDecodeWrapper:
+    """What BatchDecodeWithPagedKVCacheWrapper's plan/run are documented to do, in torch."""
+
+    plans: list = []
+
+    def __init__(self, workspace, kv_layout):
+        assert kv_layout == "NHD" and workspace.dtype == torch.uint8
+
+    def plan(self, indptr, indices, last_page_len, num_qo_heads, num_kv_heads, head_dim, page_size, **kw):
+        self.table = (indptr, indices, last_page_len)
+        self.kw = kw
+        FakeDecodeWrapper.plans.append(int(indptr[1]))
+
+    def run(self, q, paged_kv_cache, *, k_scale=None, v_scale=None):
+        k_pool, v_pool = paged_kv_cache
+        assert k_pool.dtype == self.kw["kv_data_type"] and q.dtype == self.kw["q_data_type"]
+        ks = torch.stack(paged.from_pages(k_pool.float(), *self.table)) * (k_scale or 1.0)
+        vs = torch.stack(paged.from_pages(v_pool.float(), *self.table)) * (v_scale or 1.0)
+        return reference(q, ks, vs).to(q.dtype)
+
+
+def fake_flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, cache_seqlens=None, softmax_scale=None):
+    """flash-attn's documented semantics: k/v [B, 1, Hkv, D] written at cache_seqlens, attention
+    over cache_seqlens + 1 tokens; q [B, 1, Hq, D] -> [B, 1, Hq, D]; cache_seqlens left as is."""
+    rows = torch.arange(q.shape[0])
+    n = int(cache_seqlens[0])
+    if k is not None:
+        k_cache[rows, cache_seqlens.long()] = k[:, 0]
+        v_cache[rows, cache_seqlens.long()] = v[:, 0]
+        n += 1
+    assert softmax_scale == 1 / math.sqrt(q.shape[-1])
+    out = reference(q[:, 0], k_cache[:, :n].transpose(1, 2), v_cache[:, :n].transpose(1, 2))
+    return out.to(q.dtype)[:, None]
+
+
+@pytest.fixture
+def fake_packages(monkeypatch):
+    FakeDecodeWrapper.plans = []
+    monkeypatch.setitem(sys.modules, "flashinfer",
+                        types.SimpleNamespace(BatchDecodeWithPagedKVCacheWrapper=FakeDecodeWrapper))
+    monkeypatch.setitem(sys.modules, "flash_attn",
+                        types.SimpleNamespace(flash_attn_with_kvcache=fake_flash_attn_with_kvcache))
+
+
+@pytest.mark.parametrize("kv", ["fp16", "fp8"])
+def test_flashinfer_adapter_pages_and_plans(fake_packages, kv):
+    peer = FlashInferPeer(B, HQ, HKV, D, 64, kv=kv, page_size=16)
+    # prompt 14 + 4: the appends fill page 0 and open page 1
+    for q, out, k, v in grow(peer, 14, 4):
+        tol = FP16_TOL if kv == "fp16" else 0.1  # fp8: 2^-4 relative error on every K/V value
+        assert (out.double() - reference(q, k, v)).abs().max().item() < tol
+    assert FakeDecodeWrapper.plans == [1, 1, 2, 2]  # re-planned every step: pages of sequence 0
+    assert peer.bytes_per_token() == 2 * HKV * D * (1 if kv == "fp8" else 2)
+    assert peer.k_pool.shape == (B * 4, 16, HKV, D)
+
+
+def test_flash_attn_adapter_writes_through_the_call(fake_packages):
+    peer = FlashAttnPeer(B, HQ, HKV, D, 32)
+    for q, out, k, v in grow(peer, 9, 3):
+        assert (out.double() - reference(q, k, v)).abs().max().item() < FP16_TOL
+    assert peer.cache_seqlens.tolist() == [12, 12]
+    # two appends before one attend: the first is written, the second goes through the call
+    gen = torch.Generator().manual_seed(9)
+    toks = [torch.randn(B, HKV, D, generator=gen).half() for _ in range(4)]
+    peer.append(toks[0], toks[1])
+    peer.append(toks[2], toks[3])
+    q = torch.randn(B, HQ, D, generator=gen).half()
+    out = peer.attend(q)
+    k = torch.cat([peer.k_cache[:, :14].transpose(1, 2)], 2)
+    assert torch.equal(k[:, :, 12], toks[0]) and torch.equal(k[:, :, 13], toks[2])
+    assert (out.double() - reference(q, k, peer.v_cache[:, :14].transpose(1, 2))).abs().max() < FP16_TOL
+
+
 # --- availability -------------------------------------------------------------------------------
 
 def test_registry_names_are_stable():
-    assert list(PEERS) == ["sdpa-flash", "sdpa-cudnn", "sdpa-efficient", "sdpa-math", "flex"]
+    assert list(PEERS) == ["sdpa-flash", "sdpa-cudnn", "sdpa-efficient", "sdpa-math", "flex",
+                           "flashinfer-fp16", "flashinfer-fp8", "flash-attn"]
     for name, make in PEERS.items():
         assert make(1, 2, 1, 16, 8).name == name
 
@@ -99,11 +256,20 @@ def test_availability_on_cpu():
     rows = {name: (ok, reason) for name, ok, reason in availability("cpu")}
     assert set(rows) == set(PEERS)
     assert rows["sdpa-math"] == (True, None) and rows["flex"] == (True, None)
-    for name in ("sdpa-flash", "sdpa-cudnn"):
+    for name in ("sdpa-flash", "sdpa-cudnn", "flashinfer-fp16", "flashinfer-fp8", "flash-attn"):
         ok, reason = rows[name]
         assert not ok and "CUDA" in reason, name
     for ok, reason in rows.values():
         assert ok == (reason is None)
+
+
+def test_missing_names_the_package(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    for module, peer, package in ((
+            "flashinfer", FlashInferPeer(1, 2, 1, 16, 8, device="cuda"), "flashinfer-python"),
+            ("flash_attn", FlashAttnPeer(1, 2, 1, 16, 8, device="cuda"), "flash-attn")):
+        monkeypatch.setitem(sys.modules, module, None)  # None in sys.modules: the import fails
+        assert package in peer.missing()
 
 
 # --- bad input ------------------------------------------------------------------------------------
@@ -124,6 +290,10 @@ def test_bad_construction(kwargs, error, names):
 def test_bad_peer_options():
     with pytest.raises(ValueError, match="backend"):
         SdpaPeer("fast", B, HQ, HKV, D, 16)
+    with pytest.raises(ValueError, match="kv"):
+        FlashInferPeer(B, HQ, HKV, D, 16, kv="int4")
+    with pytest.raises(ValueError, match="page_size"):
+        FlashInferPeer(B, HQ, HKV, D, 16, page_size=0)
 
 
 def test_bad_tensors_name_the_argument():

@@ -5,6 +5,9 @@
 - ``preallocated``: a preallocated fp16/bf16 cache written in place (shared by ``sdpa``, ``flex``).
 - ``sdpa``: torch SDPA with one backend (flash, cuDNN, memory-efficient, math).
 - ``flex``: FlexAttention with a block mask to the current length.
+- ``paged``: vLLM/FlashInfer's paged layout and page table, torch only.
+- ``flashinfer``: FlashInfer's paged decode, fp16/bf16 or fp8 K/V.
+- ``flash_attn``: flash-attn's ``flash_attn_with_kvcache``.
 
 ``PEERS`` maps a stable name to a factory taking the :class:`Peer` constructor's arguments;
 nothing else is held at module level. The peers' packages are imported only when used.
@@ -18,6 +21,8 @@ from functools import partial
 import torch
 
 from .base import Peer
+from .flash_attn import FlashAttnPeer
+from .flashinfer import FlashInferPeer
 from .flex import FlexPeer
 from .sdpa import SdpaPeer
 
@@ -27,6 +32,9 @@ PEERS: dict[str, Callable[..., Peer]] = {
     "sdpa-efficient": partial(SdpaPeer, "efficient"),
     "sdpa-math": partial(SdpaPeer, "math"),
     "flex": FlexPeer,
+    "flashinfer-fp16": partial(FlashInferPeer, kv="fp16"),
+    "flashinfer-fp8": partial(FlashInferPeer, kv="fp8"),
+    "flash-attn": FlashAttnPeer,
 }
 
 
