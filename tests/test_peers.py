@@ -1,8 +1,9 @@
 """The decode benchmarks' peers (harness.peers), on CPU.
 
-Peers that run here (SDPA math, FlexAttention eager) are loaded with a random prompt, grown one
-token at a time across their boundary (a KV block of the block mask) and compared with float64
-attention over every token so far. The GPU-only peers (FlashInfer, flash-attn, SDPA
+Peers that run here (SDPA math, FlexAttention eager, transformers' QuantizedCache with HQQ or
+quanto when installed) are loaded with a random prompt, grown one token at a time across their
+boundary (a KV block of the block mask, the quantized cache's residual window) and compared with
+float64 attention over every token so far. The GPU-only peers (FlashInfer, flash-attn, SDPA
 flash/cuDNN) are checked through what runs without their package: the paged layout and page
 table FlashInfer is given, the adapters' calls against stand-in modules that do what the
 packages' documentation says, and ``missing()`` naming the device or the package.
@@ -20,6 +21,7 @@ import torch
 from harness.peers import PEERS, availability, paged
 from harness.peers.flash_attn import FlashAttnPeer
 from harness.peers.flashinfer import FlashInferPeer
+from harness.peers.hf_quantized import HFQuantizedPeer, stored_bytes
 from harness.peers.sdpa import SdpaPeer
 
 B, HQ, HKV, D = 2, 4, 2, 64  # GQA: two query heads per K/V head
@@ -91,6 +93,71 @@ def test_flex_mask_follows_a_fresh_load():
         pass
     for q, out, k, v in grow(peer, 5, 2, seed=3):
         assert (out.double() - reference(q, k, v)).abs().max().item() < FP16_TOL
+
+
+# --- quantized peers (transformers' QuantizedCache) ----------------------------------------------
+
+QUANTIZED = ["hf-hqq-4", "hf-hqq-3", "hf-hqq-2", "hf-quanto-int4", "hf-quanto-int2"]
+RESIDUAL = 4  # a short residual window: six appends quantize the whole cache anew once
+
+
+@pytest.mark.parametrize("name", QUANTIZED)
+def test_quantized_peers_against_float64_attention(name):
+    """Three checks per step, against float64 attention over the original K/V:
+
+    1. the peer's output is attention over the K/V it attends (``attended_kv``: the cache's
+       dequantized part, its residual window, the new token) to fp16 rounding: the adapter maps
+       heads, GQA, scale and order right;
+    2. those K/V differ from the originals by at most ``passes`` quantization steps of the
+       tensor's range, step = (max - min) / (2^bits - 1): each time the cache quantizes (the
+       prompt at load, everything at each residual flush) a value moves by at most one step of
+       the affine grid, HQQ's optimised zero included, which can put a value a full step away;
+    3. the output differs from the exact attention by at most what those K/V errors allow:
+       |dout| <= max|dV| + (e^{2 eps} - 1) (max V - min V) / 2 per channel, eps = scale *
+       max_i |q . dk_i| (a score moved by eps moves each softmax weight by a factor within
+       e^{+-2 eps}), plus the fp16 tolerance of check 1.
+    """
+    peer = usable(name, residual_length=RESIDUAL, group_size=64)
+    passes = 1
+    for step, (q, out, k, v) in enumerate(grow(peer, 40, 6), start=1):
+        if step == RESIDUAL:
+            passes += 1  # the window filled: transformers requantized everything
+        k_hat, v_hat = peer.attended_kv()
+        assert k_hat.shape == k.shape
+        assert (out.double() - reference(q, k_hat, v_hat)).abs().max().item() < FP16_TOL, (name, step)
+
+        for exact, approx in ((k, k_hat), (v, v_hat)):
+            step_size = (exact.max() - exact.min()).item() / (2 ** peer.bits - 1)
+            assert (approx.double() - exact.double()).abs().max().item() <= passes * step_size * 1.01
+
+        dk, dv = (k_hat.double() - k.double()), (v_hat.double() - v.double())
+        group = HQ // HKV
+        q64 = q.double()
+        eps = (torch.einsum("bhd,bhnd->bhn", q64, dk.repeat_interleave(group, 1)).abs().amax(-1)
+               / math.sqrt(D))  # [B, Hq]
+        v64 = v.double().repeat_interleave(group, 1)
+        spread = (v64.amax(2) - v64.amin(2)) / 2  # [B, Hq, D]
+        bound = (dv.abs().amax(dim=(1, 2))[:, None, :] + torch.expm1(2 * eps)[..., None] * spread
+                 + FP16_TOL)
+        assert ((out.double() - reference(q, k, v)).abs() <= bound).all(), (name, step)
+
+
+@pytest.mark.parametrize("name", ["hf-hqq-4", "hf-quanto-int4"])
+def test_quantized_bytes_per_token_count_codes_scales_and_window(name):
+    peer = usable(name, residual_length=RESIDUAL, group_size=64)
+    for _ in grow(peer, 64, 1):
+        pass
+    layer = peer.cache.layers[0]
+    window = 2 * B * HKV * 1 * D * 2  # one fp16 token per sequence waits in the residual window
+    quantized = stored_bytes([layer._quantized_keys, layer._quantized_values])
+    assert peer.bytes_per_token() == (quantized + window) / (B * 65)
+    # 4-bit codes, an fp16 scale and zero per 64 values: 0.5 + 4/64 bytes per value, both K and V
+    assert quantized == 2 * B * HKV * D * 64 * (0.5 + 4 / 64)
+
+
+def test_stored_bytes_walks_containers():
+    t = torch.zeros(3, 4, dtype=torch.float16)
+    assert stored_bytes((t, {"scale": t, "nbits": 4}, [t[0]], None)) == 24 + 24 + 8
 
 
 # --- FlashInfer's paged layout, without flashinfer ------------------------------------------------
@@ -247,7 +314,8 @@ def test_flash_attn_adapter_writes_through_the_call(fake_packages):
 
 def test_registry_names_are_stable():
     assert list(PEERS) == ["sdpa-flash", "sdpa-cudnn", "sdpa-efficient", "sdpa-math", "flex",
-                           "flashinfer-fp16", "flashinfer-fp8", "flash-attn"]
+                           "flashinfer-fp16", "flashinfer-fp8", "flash-attn", "hf-quanto-int4",
+                           "hf-quanto-int2", "hf-hqq-4", "hf-hqq-3", "hf-hqq-2"]
     for name, make in PEERS.items():
         assert make(1, 2, 1, 16, 8).name == name
 
@@ -270,6 +338,10 @@ def test_missing_names_the_package(monkeypatch):
             ("flash_attn", FlashAttnPeer(1, 2, 1, 16, 8, device="cuda"), "flash-attn")):
         monkeypatch.setitem(sys.modules, module, None)  # None in sys.modules: the import fails
         assert package in peer.missing()
+    for module, name, package in (("optimum.quanto", "hf-quanto-int4", "optimum-quanto"),
+                                  ("hqq", "hf-hqq-3", "hqq")):
+        monkeypatch.setitem(sys.modules, module, None)
+        assert package in PEERS[name](1, 2, 1, 16, 8).missing()
 
 
 # --- bad input ------------------------------------------------------------------------------------
@@ -294,6 +366,10 @@ def test_bad_peer_options():
         FlashInferPeer(B, HQ, HKV, D, 16, kv="int4")
     with pytest.raises(ValueError, match="page_size"):
         FlashInferPeer(B, HQ, HKV, D, 16, page_size=0)
+    with pytest.raises(ValueError, match="nbits"):
+        HFQuantizedPeer("quanto", 3, B, HQ, HKV, D, 16)
+    with pytest.raises(ValueError, match="residual_length"):
+        HFQuantizedPeer("hqq", 4, B, HQ, HKV, D, 16, residual_length=0)
 
 
 def test_bad_tensors_name_the_argument():

@@ -8,6 +8,7 @@
 - ``paged``: vLLM/FlashInfer's paged layout and page table, torch only.
 - ``flashinfer``: FlashInfer's paged decode, fp16/bf16 or fp8 K/V.
 - ``flash_attn``: flash-attn's ``flash_attn_with_kvcache``.
+- ``hf_quantized``: transformers' ``QuantizedCache`` (quanto, HQQ) and SDPA.
 
 ``PEERS`` maps a stable name to a factory taking the :class:`Peer` constructor's arguments;
 nothing else is held at module level. The peers' packages are imported only when used.
@@ -24,6 +25,7 @@ from .base import Peer
 from .flash_attn import FlashAttnPeer
 from .flashinfer import FlashInferPeer
 from .flex import FlexPeer
+from .hf_quantized import HFQuantizedPeer
 from .sdpa import SdpaPeer
 
 PEERS: dict[str, Callable[..., Peer]] = {
@@ -35,6 +37,11 @@ PEERS: dict[str, Callable[..., Peer]] = {
     "flashinfer-fp16": partial(FlashInferPeer, kv="fp16"),
     "flashinfer-fp8": partial(FlashInferPeer, kv="fp8"),
     "flash-attn": FlashAttnPeer,
+    "hf-quanto-int4": partial(HFQuantizedPeer, "quanto", 4),
+    "hf-quanto-int2": partial(HFQuantizedPeer, "quanto", 2),
+    "hf-hqq-4": partial(HFQuantizedPeer, "hqq", 4),
+    "hf-hqq-3": partial(HFQuantizedPeer, "hqq", 3),
+    "hf-hqq-2": partial(HFQuantizedPeer, "hqq", 2),
 }
 
 
