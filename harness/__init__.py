@@ -16,6 +16,9 @@ renders the report. Its parts, each importing only parts listed before it
   compute-sanitizer runs.
 - ``compile/``: the compile-once Triton cache manager and the nvcc compile check.
 - ``report/``: the HTML report, JUnit XML and summaries (``python -m harness report``).
+- ``peers/``: the decode attention users would pick instead of kvbits (torch SDPA, FlexAttention,
+  FlashInfer, flash-attn, transformers' quantized cache), each behind one interface for the
+  decode benchmarks. Imports none of the above.
 
 ``python -m harness.gpu_verify`` keeps its documented name: ``gpu_verify`` (module) only calls
 ``harness.run.gpu_verify``.
