@@ -68,6 +68,7 @@ class FlashInferPeer(Peer):
         self._planned = 0  # the length the wrapper was planned for
 
     def _append(self, k: torch.Tensor, v: torch.Tensor) -> None:
+        # fp8: the cast is a kernel of its own before the write (vLLM fuses it into the write)
         paged.write_token(self.k_pool, self._store(k, self.k_scale), self._first, self._positions)
         paged.write_token(self.v_pool, self._store(v, self.v_scale), self._first, self._positions)
         self._positions.add_(1)

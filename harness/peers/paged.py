@@ -62,6 +62,8 @@ def write_token(pool: torch.Tensor, x: torch.Tensor, first: torch.Tensor, positi
     the pool's device): page ``first[b] + positions[b] // page_size``, slot ``positions[b] %
     page_size``, as vLLM's slot mapping does. No host synchronization."""
     page_size = pool.shape[1]
+    if pool.dtype == FP8:  # as bytes: index_put_ need not take float8 on every device
+        pool, x = pool.view(torch.uint8), x.view(torch.uint8)
     pool[first + positions // page_size, positions % page_size] = x
 
 
