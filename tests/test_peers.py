@@ -95,6 +95,18 @@ def test_flex_mask_follows_a_fresh_load():
         assert (out.double() - reference(q, k, v)).abs().max().item() < FP16_TOL
 
 
+def test_flex_builds_its_block_mask_once_per_kv_block(monkeypatch):
+    import torch.nn.attention.flex_attention as flex_attention
+
+    built = []
+    make = flex_attention.create_block_mask
+    monkeypatch.setattr(flex_attention, "create_block_mask", lambda *a, **kw: built.append(1) or make(*a, **kw))
+    peer = usable("flex")
+    for _ in grow(peer, 125, 6):  # lengths 126..131: block 1 until 128, block 2 from 129
+        pass
+    assert len(built) == 2
+
+
 # --- quantized peers (transformers' QuantizedCache) ----------------------------------------------
 
 QUANTIZED = ["hf-hqq-4", "hf-hqq-3", "hf-hqq-2", "hf-quanto-int4", "hf-quanto-int2"]
