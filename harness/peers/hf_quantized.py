@@ -61,13 +61,17 @@ class HFQuantizedPeer(Peer):
             return "no CUDA device"
         module, dist = BACKEND_PACKAGE[self.backend]
         for mod, name in (("transformers.cache_utils", "transformers"), (module, dist)):
+            # an import alone can succeed on a package's leftover files; transformers reads the
+            # installed version, so an uninstalled one is missing
+            if dist_version(name) is None:
+                return f"{name} is not installed: pip install {name}"
             try:
                 importlib.import_module(mod)
             except ImportError as e:
-                return f"{name} is not installed or does not import ({e}): pip install {name}"
+                return f"{name} does not import ({e})"
         try:  # the cache's layers check the backend's version (quanto >= 0.2.5) when made
             self._new_cache()
-        except ImportError as e:
+        except (ImportError, ValueError) as e:
             return f"transformers {dist_version('transformers')} cannot use {dist} {dist_version(dist)}: {e}"
         return None
 
