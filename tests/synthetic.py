@@ -128,12 +128,30 @@ def bench_records(rng: random.Random, device: str, *, slow: float = 1.0, with_pe
     return out
 
 
+def peer_records(rng: random.Random, device: str) -> list[Record]:
+    """The peers benchmark's points at one shape: decode step, attention error, bytes per token."""
+    layer_fp16 = 2 * 32 * 128 * 2
+    out = []
+    for method, ms, err, bits, per_element in (
+            ("sdpa-flash", 0.147, 1.2e-4, 16, 16), ("sdpa-cudnn", 0.160, 1.3e-4, 16, 16),
+            ("flex", 1.07, 1.2e-4, 16, 16), ("flashinfer-fp16", 0.139, 1.1e-4, 16, 16),
+            ("flashinfer-fp8", 0.081, 2.4e-2, 8, 8), ("hf-hqq-4", 2.9, 3.9e-2, 4, 4.5),
+            ("hf-quanto-int2", 3.4, 0.31, 2, 2.5), ("kvbits-2bit", 0.041, 0.16, 2, 2.5),
+            ("kvbits-3bit", 0.047, 6.1e-2, 3, 3.5), ("kvbits-4bit", 0.052, 2.9e-2, 4, 4.5)):
+        metrics = {"method": method, "ms": ms * rng.uniform(0.97, 1.03), "attn_rel_err": err, "bits": bits,
+                   "bytes_per_token": layer_fp16 * per_element / 16, "pareto_group": "B1-Hq32-Hkv32-S32768-D128",
+                   "shape": "B=1 Hq=32 Hkv=32 S=32768 D=128"}
+        out.append(rec("bench_peers", f"test_bench_peer[{method}-B1-S32768]", backend="peer", variant=method,
+                       device=device, duration_s=rng.uniform(1, 3), metrics=metrics))
+    return out
+
+
 def write_legs(root: Path, *, seed: int = 6) -> list[Path]:
     """Three legs: two GPU legs (one with a failure, a crash, a timeout and a slowdown)
     and an interpreter leg whose run was killed (no end-of-run entry, truncated last line)."""
     rng = random.Random(seed)
     root = Path(root)
-    a = correctness_records(rng, "cuda:0") + bench_records(rng, "cuda:0")
+    a = correctness_records(rng, "cuda:0") + bench_records(rng, "cuda:0") + peer_records(rng, "cuda:0")
     b = correctness_records(rng, "cuda:0", fail=True) + bench_records(rng, "cuda:0", slow=1.25)
     b.append(rec("int8", f"test_hostile[{HOSTILE}]", "failed", backend="cuda", device="cuda:0",
                  message=f"E   ValueError: bad {HOSTILE} & <b>bold</b>\x07 end"))

@@ -51,6 +51,7 @@ class Dom(HTMLParser):
         self.matrix_cells: list[str] = []
         self.images: list[str] = []
         self.trend_charts = 0
+        self.tradeoff_charts = 0
         self._in_matrix = False
         self._classes: list[str] = []
         self.feed(html)
@@ -68,6 +69,8 @@ class Dom(HTMLParser):
             self.images.append(attrs.get("src", ""))
         if tag == "figure" and "chart-trend" in classes:
             self.trend_charts += 1
+        if tag == "figure" and "chart-tradeoff" in classes:
+            self.tradeoff_charts += 1
 
     def handle_endtag(self, tag):
         if tag == "table":
@@ -79,7 +82,7 @@ def test_page_renders_matrix_and_charts_without_network(rendered, chromium, tmp_
     dom, requested = _chromium(chromium, tmp_path, "dom", url, "--dump-dom")
     assert requested == []
     parsed = Dom(dom)
-    n_suites = 9
+    n_suites = 10
     assert parsed.matrix_rows == 1 + n_suites + 1  # header, suites, totals
     assert parsed.matrix_cells.count("bad") == 3 + 1  # three suites and the total of the failing leg
     assert len(parsed.images) >= 9 and all(src.startswith("data:image/svg+xml;base64,") for src in parsed.images)
@@ -194,7 +197,8 @@ def _inline_charts(html: str) -> str:
 
 def test_every_chart_keeps_its_legends_and_labels_inside_its_image(rendered, chromium, tmp_path):
     page = Dom(_chromium(chromium, tmp_path, "trend", rendered["html_path"].as_uri(), "--dump-dom")[0])
-    assert page.trend_charts == 2  # the history's runs are drawn
+    assert page.trend_charts == 3  # the history's runs are drawn
+    assert page.tradeoff_charts == 1 and 'id="memory-per-token"' in rendered["html"]
     measured = _measured(chromium, tmp_path, "charts", _inline_charts(rendered["html"]))
     assert measured["charts"] == len(Dom(rendered["html"]).images) and measured["legends"] >= 10
     assert measured["outside"] == []

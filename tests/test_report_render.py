@@ -306,7 +306,8 @@ def test_trend_charts_draw_the_history_with_this_run_last(rendered):
     charts = _section(html, "charts")
     titles = re.findall(r'<figure class="chart chart-trend"><div class="ftitle">([^<]*)</div>', charts)
     assert titles == ["suites/bench_decode: ms over the last 7 runs (torch2.11-triton3.6, NVIDIA H200)",
-                      "suites/bench_int8: ms over the last 7 runs (torch2.11-triton3.6, NVIDIA H200)"]
+                      "suites/bench_int8: ms over the last 7 runs (torch2.11-triton3.6, NVIDIA H200)",
+                      "suites/bench_peers: ms over the last 7 runs (torch2.11-triton3.6, NVIDIA H200)"]
     assert "Not drawn: cpu-interpreter: 0 run(s)" in charts  # no history of the other legs
     svgs = [base64.b64decode(uri).decode() for uri in
             re.findall(r'class="chart chart-trend">.*?src="data:image/svg\+xml;base64,([^"]+)"', charts)]

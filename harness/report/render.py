@@ -18,6 +18,7 @@ from .charts import Trends, all_charts, trend_charts
 from .goals import goals_of
 from .load import BAD_OUTCOMES, Run
 from .summary import Summary, checked_of, tolerance_ratio
+from .tradeoff import MEMORIES_GB, MODEL, memory_rows, tradeoff_charts
 
 TEMPLATES = Path(__file__).resolve().parent / "templates"
 
@@ -250,7 +251,11 @@ def render_html(summary: Summary, *, title: str = "kv harness report", links: di
         s=summary,
         title=title,
         generated=utc_now(),
-        charts=all_charts(summary) if charts is None else charts,
+        charts=({**all_charts(summary), "tradeoff": tradeoff_charts(summary)} if charts is None
+                else {"tradeoff": [], **charts}),
+        memory=memory_rows(summary),
+        memory_model=MODEL,
+        memories_gb=MEMORIES_GB,
         trends=trends,
         tolerance=summary.closest_to_tolerance(),
         env_rows=environment_rows(summary),

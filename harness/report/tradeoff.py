@@ -1,0 +1,140 @@
+"""Accuracy, speed and memory of the decode methods side by side: per shape, each method's decode
+step time against its attention-output error with the Pareto front drawn, and a table of what a
+token costs and the longest context each method fits in a given memory.
+
+Read from the records of the peers benchmark (``suites/test_bench_peers.py``), whose metrics
+carry ``method``, ``bits``, ``ms`` (the decode step: append one token, attend), ``attn_rel_err``
+(relative RMS error of the attention output against fp16 attention on the original K/V; the
+chart takes ``attn_rel_err_outliers``, on K with outlier channels, where the record has it),
+``bytes_per_token`` (one layer, the shape's kv heads) and ``pareto_group`` (the shape, e.g.
+``B1-Hq32-Hkv32-S32768-D128``). A record without them is no point.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass
+
+import matplotlib
+
+matplotlib.use("Agg")
+from matplotlib.figure import Figure  # noqa: E402
+
+from .charts import RC, Chart, figure_uri  # noqa: E402
+from .fmt import clean_text, fmt_sig, to_float  # noqa: E402
+from .summary import Summary  # noqa: E402
+
+ERROR_METRICS = ("attn_rel_err_outliers", "attn_rel_err")  # the chart's error, first present
+# The model the memory table speaks of: a Llama-3-8B shape (32 layers, 8 kv heads of 128 channels,
+# 16.06 GB of bf16 weights); the longest context is one sequence's, beside the weights.
+MODEL = {"name": "Llama-3-8B shape", "layers": 32, "kv_heads": 8, "head_dim": 128, "weights_gb": 16.06}
+MEMORIES_GB = (80, 141)
+KVBITS = "#cf222e"
+PEER = "#1f6feb"
+GROUP = re.compile(r"Hkv(\d+)-.*D(\d+)")
+
+
+@dataclass(frozen=True)
+class Point:
+    method: str
+    bits: float | None
+    ms: float
+    error: float
+    bytes_per_token: float | None
+    group: str
+
+
+def _point(metrics: dict) -> Point | None:
+    ms = to_float(metrics.get("ms"))
+    error = next((e for e in (to_float(metrics.get(m)) for m in ERROR_METRICS) if e is not None), None)
+    method, group = metrics.get("method"), metrics.get("pareto_group")
+    if not (method and group and ms and ms > 0 and error is not None and math.isfinite(error)):
+        return None
+    return Point(str(method), to_float(metrics.get("bits")), ms, error, to_float(metrics.get("bytes_per_token")),
+                 str(group))
+
+
+def tradeoff_points(summary: Summary) -> dict[str, list[Point]]:
+    """The passed records' points by shape (pareto_group), each method once (its first record)."""
+    groups: dict[str, dict[str, Point]] = {}
+    for _, record in summary.results.pairs():
+        point = _point(record.metrics) if record.outcome == "passed" else None
+        if point is not None:
+            groups.setdefault(point.group, {}).setdefault(point.method, point)
+    return {group: list(points.values()) for group, points in sorted(groups.items())}
+
+
+def pareto_front(points: list[Point]) -> list[Point]:
+    """The points no other point beats in both time and error (ties in time: the smaller error),
+    fastest first."""
+    front: list[Point] = []
+    for point in sorted(points, key=lambda p: (p.ms, p.error)):
+        if not front or point.error < front[-1].error:
+            front.append(point)
+    return front
+
+
+def _is_kvbits(point: Point) -> bool:
+    return point.method.startswith("kvbits")
+
+
+def tradeoff_chart(group: str, points: list[Point]) -> Chart:
+    """Decode-step time (x) against attention-output error (y), log-log, every method labelled,
+    kvbits in red, the Pareto front as a step line."""
+    front = pareto_front(points)
+    with matplotlib.rc_context(RC):
+        fig = Figure(figsize=(6.4, 3.6), layout="constrained")
+        ax = fig.subplots()
+        xs, ys = [p.ms for p in front], [p.error for p in front]
+        ax.step(xs, ys, where="post", color="#6e7781", linewidth=0.8, label="Pareto front")
+        for point in points:
+            color = KVBITS if _is_kvbits(point) else PEER
+            ax.plot([point.ms], [max(point.error, 1e-12)], marker="o", markersize=4, color=color, linestyle="none")
+            ax.annotate(clean_text(point.method), (point.ms, max(point.error, 1e-12)), xytext=(3, 3),
+                        textcoords="offset points", fontsize=6.5, color=color)
+        ax.set_xscale("log")
+        ax.set_yscale("log")
+        ax.set_xlabel("decode step, ms (median)")
+        ax.set_ylabel("attention-output error (relative RMS)")
+        ax.grid(which="both")
+        ax.set_axisbelow(True)
+        ax.legend(loc="upper right", frameon=False, fontsize=6.5)
+    on_front = ", ".join(p.method for p in front)
+    caption = (f"{len(points)} methods; on the Pareto front (nothing both faster and more accurate): {on_front}. "
+               f"Error against fp16 attention on the original K/V.")
+    return Chart("tradeoff", "", clean_text(group), caption, figure_uri(fig),
+                 f"decode step time against attention error for {len(points)} methods at {clean_text(group)}")
+
+
+def tradeoff_charts(summary: Summary) -> list[Chart]:
+    return [tradeoff_chart(group, points) for group, points in tradeoff_points(summary).items()]
+
+
+def _bits_per_element(point: Point) -> float | None:
+    """What one K or V element costs the method in bits, its scales and zeros included, from the
+    bytes per token of its shape's kv heads (pareto_group's Hkv and D)."""
+    found = GROUP.search(point.group)
+    if point.bytes_per_token is None or not found:
+        return None
+    kv_heads, head_dim = int(found.group(1)), int(found.group(2))
+    return 8 * point.bytes_per_token / (2 * kv_heads * head_dim)
+
+
+def memory_rows(summary: Summary, model: dict = MODEL, memories_gb=MEMORIES_GB) -> list[dict]:
+    """Per method (the first shape that has it): bits per stored element, bytes per token of
+    ``model`` and the longest context of one sequence beside its weights in each memory."""
+    rows: dict[str, dict] = {}
+    per_token_elements = 2 * model["layers"] * model["kv_heads"] * model["head_dim"]
+    for points in tradeoff_points(summary).values():
+        for point in points:
+            bits = _bits_per_element(point)
+            if point.method in rows or bits is None:
+                continue
+            per_token = bits / 8 * per_token_elements
+            rows[point.method] = {
+                "method": point.method, "bits": fmt_sig(point.bits) if point.bits is not None else "",
+                "bits_per_element": f"{bits:.2f}", "bytes_per_token": f"{per_token:,.0f}",
+                "contexts": [f"{int((gb - model['weights_gb']) * 1e9 // per_token):,}" for gb in memories_gb],
+            }
+    return sorted(rows.values(), key=lambda row: float(row["bits_per_element"]))

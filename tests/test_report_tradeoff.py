@@ -1,0 +1,93 @@
+"""The accuracy/speed/memory section: points from the peers benchmark's records, the Pareto front,
+the chart, the bytes-per-token table, and the page with and without them."""
+
+from __future__ import annotations
+
+import base64
+
+import pytest
+from synthetic import env_for, rec, write_run
+
+from harness.report import load_results, render_html, summarize
+from harness.report.tradeoff import (
+    MODEL,
+    Point,
+    memory_rows,
+    pareto_front,
+    tradeoff_charts,
+    tradeoff_points,
+)
+
+GROUP = "B1-Hq32-Hkv32-S32768-D128"
+
+
+def _method(name, ms, err, bits, bytes_per_token, *, group=GROUP, outcome="passed", **extra):
+    return rec("bench_peers", f"test_bench_peer[{name}-{group}]", outcome, backend="peer", variant=name,
+               device="cuda:0", metrics={"method": name, "ms": ms, "attn_rel_err": err, "bits": bits,
+                                         "bytes_per_token": bytes_per_token, "pareto_group": group, **extra})
+
+
+def _summary(tmp_path, records):
+    return summarize(load_results([write_run(tmp_path / "gpu_verify-L-bench", records, leg="L",
+                                             env=env_for("L", "gpu"))]))
+
+
+# one layer of 32 kv heads of 128 at the benchmark's shape: fp16 is 16 bits an element
+FP16 = 2 * 32 * 128 * 2
+METHODS = [
+    _method("sdpa-flash", 0.150, 1e-4, 16, FP16),
+    _method("flashinfer-fp8", 0.090, 2e-2, 8, FP16 / 2),
+    _method("kvbits-3bit", 0.047, 6e-2, 3, FP16 * 3.5 / 16),
+    _method("kvbits-4bit", 0.052, 3e-2, 4, FP16 * 4.5 / 16),
+    _method("hf-hqq-4", 0.900, 4e-2, 4, FP16 * 4.5 / 16),  # slower and less accurate than kvbits-4bit
+]
+
+
+def test_the_front_keeps_only_what_nothing_beats():
+    points = [Point(m, 0, ms, err, None, GROUP) for m, ms, err in
+              (("a", 1.0, 1.0), ("b", 2.0, 0.5), ("c", 3.0, 0.7), ("d", 0.5, 2.0), ("e", 2.0, 0.4))]
+    assert [p.method for p in pareto_front(points)] == ["d", "a", "e"]  # b and c are beaten, e beats b at a tie
+    assert pareto_front([]) == []
+
+
+def test_points_come_from_passed_records_that_carry_the_fields(tmp_path):
+    records = [*METHODS,
+               _method("flex", 0.3, float("nan"), 16, FP16),  # no finite error: no point
+               _method("flash-attn", 0.1, 1e-4, 16, FP16, outcome="failed"),
+               rec("bench_decode", "test_bench_decode[x]", metrics={"ms": 0.04}),  # another benchmark
+               _method("kvbits-3bit", 0.060, 7e-2, 3, FP16 * 3.5 / 16, group="B8-Hq32-Hkv8-S32768-D128",
+                       attn_rel_err_outliers=0.2)]
+    points = tradeoff_points(_summary(tmp_path, records))
+    assert sorted(points) == ["B1-Hq32-Hkv32-S32768-D128", "B8-Hq32-Hkv8-S32768-D128"]
+    assert [p.method for p in points[GROUP]] == [r.variant for r in METHODS]
+    (gqa,) = points["B8-Hq32-Hkv8-S32768-D128"]
+    assert gqa.error == 0.2  # the outlier-channel error is the chart's when recorded
+
+
+def test_the_chart_names_every_method_and_the_front(tmp_path):
+    (chart,) = tradeoff_charts(_summary(tmp_path, METHODS))
+    svg = base64.b64decode(chart.uri.split(",", 1)[1]).decode()
+    for record in METHODS:
+        assert record.variant in svg
+    assert chart.title == GROUP
+    assert "Pareto front" in svg and "kvbits-3bit, kvbits-4bit, flashinfer-fp8, sdpa-flash" in chart.caption
+    assert "hf-hqq-4" not in chart.caption
+
+
+def test_memory_rows_scale_a_layer_to_the_model(tmp_path):
+    rows = {row["method"]: row for row in memory_rows(_summary(tmp_path, METHODS))}
+    assert [r["method"] for r in memory_rows(_summary(tmp_path / "2", METHODS))][0] == "kvbits-3bit"
+    assert rows["sdpa-flash"]["bits_per_element"] == "16.00"
+    per_token = 2 * MODEL["layers"] * MODEL["kv_heads"] * MODEL["head_dim"] * 2
+    assert rows["sdpa-flash"]["bytes_per_token"] == f"{per_token:,}"
+    assert rows["sdpa-flash"]["contexts"][0] == f"{int((80 - MODEL['weights_gb']) * 1e9 // per_token):,}"
+    assert rows["kvbits-3bit"]["bits_per_element"] == "3.50"
+    three_bit = int(rows["kvbits-3bit"]["contexts"][1].replace(",", ""))
+    assert three_bit == pytest.approx(int(rows["sdpa-flash"]["contexts"][1].replace(",", "")) * 16 / 3.5, rel=1e-6)
+
+
+def test_the_page_shows_the_section_only_with_points(tmp_path):
+    html = render_html(_summary(tmp_path, METHODS), history=None)
+    assert 'id="charts-tradeoff"' in html and 'id="memory-per-token"' in html and "kvbits-3bit" in html
+    plain = render_html(_summary(tmp_path / "plain", [rec("bench_decode", "t", metrics={"ms": 0.04})]), history=None)
+    assert 'id="charts-tradeoff"' not in plain and 'id="memory-per-token"' not in plain
