@@ -13,9 +13,11 @@ from harness.run import ab, commands
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def test_the_image_installs_the_activation_model_as_the_harness_pins_it():
+@pytest.mark.parametrize("pin", [commands.ACTIVATION_MODEL, [commands.TRANSFORMERS]], ids=["activation-model",
+                                                                                        "transformers"])
+def test_the_image_installs_what_the_harness_pins(pin):
     text = (ROOT / "docker" / "Dockerfile").read_text()
-    install = "pip install --no-cache-dir " + shlex.join(commands.ACTIVATION_MODEL)
+    install = "pip install --no-cache-dir " + shlex.join(pin)
     assert re.search(rf"^ && {re.escape(install)} \\$", text, flags=re.M), install
 
 
