@@ -281,8 +281,8 @@ MUTANTS: list[dict] = [
      "breaks": "paged append: the last page a chunk's completed groups reach is not checked",
      "select": UNPLACED, "k": "triton"},
     {"name": "append-scale-range-unflagged", "path": APPEND,
-     "original": "beyond = ((s > 65504.0) & (s <= SCALE_MAX)).to(tl.int32)",
-     "mutated": "beyond = ((s > 65504.0) & (s < 0.0)).to(tl.int32)",
+     "original": "beyond = ((s > FP16_LARGEST) & (s <= SCALE_MAX)).to(tl.int32)",
+     "mutated": "beyond = ((s > FP16_LARGEST) & (s < 0.0)).to(tl.int32)",
      "breaks": "paged append: an fp32 scale beyond fp16's range is not flagged",
      "select": SCALE_RANGE, "k": "triton"},
     # ------------------------------------------------------------------ fused decode
