@@ -9,6 +9,7 @@ argument) and hand over to the subclass's ``_load``/``_append``/``_attend``.
 
 from __future__ import annotations
 
+import importlib
 import math
 from abc import ABC, abstractmethod
 from importlib import metadata
@@ -26,6 +27,18 @@ def dist_version(dist: str) -> str | None:
         return metadata.version(dist)
     except metadata.PackageNotFoundError:
         return None
+
+
+def cuda_package_missing(device: torch.device, label: str, module: str, dist: str) -> str | None:
+    """Why a peer that runs only on CUDA, through ``module`` of distribution ``dist``, cannot run
+    on ``device`` (``label`` names it), or None when it can."""
+    if device.type != "cuda" or not torch.cuda.is_available():
+        return f"{label} needs a CUDA device (device is {device})"
+    try:
+        importlib.import_module(module)
+    except ImportError as e:
+        return f"{dist} is not installed or does not import ({e}): pip install kvbits[peers]"
+    return None
 
 
 class Peer(ABC):

@@ -4,11 +4,9 @@ and the engines built on it."""
 
 from __future__ import annotations
 
-import importlib
-
 import torch
 
-from .base import Peer, dist_version
+from .base import Peer, cuda_package_missing, dist_version
 
 
 class FlashAttnPeer(Peer):
@@ -23,13 +21,7 @@ class FlashAttnPeer(Peer):
     graph_capturable = True
 
     def missing(self) -> str | None:
-        if self.device.type != "cuda" or not torch.cuda.is_available():
-            return f"flash-attn needs a CUDA device (device is {self.device})"
-        try:
-            importlib.import_module("flash_attn")
-        except ImportError as e:
-            return f"flash-attn is not installed or does not import ({e}): pip install kvbits[peers]"
-        return None
+        return cuda_package_missing(self.device, "flash-attn", "flash_attn", "flash-attn")
 
     def version(self) -> str:
         return dist_version("flash-attn") or dist_version("flash_attn") or "not installed"

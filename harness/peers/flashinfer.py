@@ -4,12 +4,10 @@ layout itself is :mod:`harness.peers.paged`; flashinfer is imported only here, w
 
 from __future__ import annotations
 
-import importlib
-
 import torch
 
 from . import paged
-from .base import Peer, dist_version
+from .base import Peer, cuda_package_missing, dist_version
 
 KVS = ("fp16", "fp8")  # "fp16": K/V stored in the model's dtype (fp16 or bf16)
 PAGE_SIZE = 16  # vLLM's default block size
@@ -36,13 +34,7 @@ class FlashInferPeer(Peer):
         self.pages_per_seq = paged.pages_for(self.capacity, page_size)
 
     def missing(self) -> str | None:
-        if self.device.type != "cuda" or not torch.cuda.is_available():
-            return f"FlashInfer needs a CUDA device (device is {self.device})"
-        try:
-            importlib.import_module("flashinfer")
-        except ImportError as e:
-            return f"flashinfer-python is not installed or does not import ({e}): pip install kvbits[peers]"
-        return None
+        return cuda_package_missing(self.device, "FlashInfer", "flashinfer", "flashinfer-python")
 
     def version(self) -> str:
         return dist_version("flashinfer-python") or "not installed"
