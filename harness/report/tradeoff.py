@@ -124,7 +124,7 @@ def _bits_per_element(point: Point) -> float | None:
 def memory_rows(summary: Summary, model: dict = MODEL, memories_gb=MEMORIES_GB) -> list[dict]:
     """Per method (the first shape that has it): bits per stored element, bytes per token of
     ``model`` and the longest context of one sequence beside its weights in each memory."""
-    rows: dict[str, dict] = {}
+    rows: dict[str, tuple[float, dict]] = {}  # method -> (bits per element, its row)
     per_token_elements = 2 * model["layers"] * model["kv_heads"] * model["head_dim"]
     for points in tradeoff_points(summary).values():
         for point in points:
@@ -132,9 +132,9 @@ def memory_rows(summary: Summary, model: dict = MODEL, memories_gb=MEMORIES_GB) 
             if point.method in rows or bits is None:
                 continue
             per_token = bits / 8 * per_token_elements
-            rows[point.method] = {
+            rows[point.method] = bits, {
                 "method": point.method, "bits": fmt_sig(point.bits) if point.bits is not None else "",
                 "bits_per_element": f"{bits:.2f}", "bytes_per_token": f"{per_token:,.0f}",
                 "contexts": [f"{int((gb - model['weights_gb']) * 1e9 // per_token):,}" for gb in memories_gb],
             }
-    return sorted(rows.values(), key=lambda row: float(row["bits_per_element"]))
+    return [row for _, row in sorted(rows.values(), key=lambda pair: pair[0])]
