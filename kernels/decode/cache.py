@@ -378,8 +378,7 @@ class PagedKVCache(CacheLengths):
             if missing:
                 raise ValueError(f"sequences {missing} need pages that were not reserved: call reserve() before "
                                  f"capturing a step")
-        elif any((held + c) // self.group_size * self.group_size > len(pages) * self.page_size
-                 for held, c, pages in zip(self._lens, counts, self._pages, strict=True)):
+        elif any(c > self._row_room(held, pages) for held, c, pages in zip(self._lens, counts, self._pages, strict=True)):
             self._grow_tables(counts)
         lens = None if chunk_lens is None else self._on_device(counts)
         self._write(slice(0, n), k, v, lens, backend)
@@ -398,12 +397,16 @@ class PagedKVCache(CacheLengths):
                                                               self.arrivals[rows])
             launch(k, v, chunk_lens)
 
+    def _row_room(self, held: int, pages: list[int]) -> int:
+        """Tokens a row holding ``held`` tokens in ``pages`` can still take before a completed group
+        needs a page it does not have (:meth:`_pages_for` is then nonzero)."""
+        # past its pages' last token a row holds less than a group (page_size is a multiple of it)
+        return len(pages) * self.page_size + self.group_size - 1 - held
+
     def _min_room(self) -> int:
-        """The fewest tokens a live row can still take before a completed group needs a page it
-        does not have (_pages_for)."""
-        limit = self.group_size - 1  # past its pages' last token, a row holds less than a group
-        return min((len(pages) * self.page_size + limit - held for held, pages in zip(self._lens, self._pages,
-                                                                                     strict=True)), default=0)
+        """The fewest tokens a live row can still take without a new page (0 with no live row)."""
+        return min((self._row_room(held, pages) for held, pages in zip(self._lens, self._pages, strict=True)),
+                   default=0)
 
     def _plain_tokens(self, k, v, batch: int) -> bool:
         """The common case, checked quickly: k, v tensors [batch, H, T, D] or [batch, H, D] of the
