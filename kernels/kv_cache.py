@@ -406,7 +406,9 @@ def quantize_kv(
     errors = torch.zeros(1, dtype=torch.int32, device=k.device)
     for sel, full in zip(rows, fulls, strict=True):
         n = lens[sel.start or 0] if lens else 0
-        _quantize_groups(qkv._rows(sel), k[sel, :, :full], v[sel, :, :full], 0, backend, errors)
+        whole = sel == slice(None)  # the batch at once: no views, each a host op before the kernels start
+        kp, vp = (k, v) if whole and full == s else (k[sel, :, :full], v[sel, :, :full])
+        _quantize_groups(qkv if whole else qkv._rows(sel), kp, vp, 0, backend, errors)
         if n > full:
             for x, window in ((k, qkv.k_residual), (v, qkv.v_residual)):
                 window[sel, :, : n - full] = x[sel, :, full:n]
