@@ -78,6 +78,12 @@ def _drop_venv_when_asked(session: nox.Session) -> None:
         session.log(f"KVH_DROP_LEG_VENVS: removed {location.name}")
 
 
+def _install_default_stack(session: nox.Session) -> None:
+    """The stack of the sessions that run on this machine's device: torch ``KVH_TORCH`` (default
+    the CPU legs' torch) and triton ``KVH_TRITON`` (default torch's own) with the project."""
+    _install_stack(session, os.environ.get("KVH_TORCH", CPU_TORCH), os.environ.get("KVH_TRITON"))
+
+
 def _pipeline(session: nox.Session, kind: str, *args: str) -> None:
     session.run(_python(session), "-m", "harness.run.pipeline", kind, *args, external=_installed(session))
 
@@ -143,8 +149,7 @@ def tests(session: nox.Session, triton: str) -> None:
 @nox.session(default=False)
 def verify(session: nox.Session) -> None:
     """The main job on this machine's device: suites (and benchmarks on a GPU), then the report."""
-    torch = os.environ.get("KVH_TORCH", CPU_TORCH)
-    _install_stack(session, torch, os.environ.get("KVH_TRITON"))
+    _install_default_stack(session)
     _pipeline(session, "verify", *session.posargs)
 
 
@@ -168,16 +173,25 @@ def gpu_verify(session: nox.Session, torch: str, triton: str) -> None:
 @nox.session(default=False)
 def bench(session: nox.Session) -> None:
     """Benchmarks alone, serially, on this machine's device, then the report."""
-    torch = os.environ.get("KVH_TORCH", CPU_TORCH)
-    _install_stack(session, torch, os.environ.get("KVH_TRITON"))
+    _install_default_stack(session)
     _pipeline(session, "bench", *session.posargs)
+
+
+PEERS_MARKER = "peers"  # the peer comparison's cases (suites/test_bench_peers.py)
+
+
+@nox.session(default=False)
+def peers(session: nox.Session) -> None:
+    """The peer comparison alone: kvbits against harness/peers (bench cases marked peers), report."""
+    _install_default_stack(session)
+    # the bench step selects -m bench; a later -m replaces it in pytest, and posargs come after
+    _pipeline(session, "bench", "-m", PEERS_MARKER, *session.posargs)
 
 
 @nox.session(default=False)
 def ab(session: nox.Session) -> None:
     """Same-job A/B: benchmarks of BASE and this tree in turns on one GPU (-- BASE [pytest args])."""
-    torch = os.environ.get("KVH_TORCH", CPU_TORCH)
-    _install_stack(session, torch, os.environ.get("KVH_TRITON"))
+    _install_default_stack(session)
     session.run(_python(session), "-m", "harness.run.ab", *session.posargs, external=_installed(session))
 
 
@@ -279,8 +293,7 @@ def _run_then_report(session: nox.Session, module: str, name: str) -> None:
 @nox.session(default=False)
 def mutants(session: nox.Session) -> None:
     """Planted kernel bugs, one at a time, against their suites (posargs: --ci, --only NAME, --jobs N)."""
-    torch = os.environ.get("KVH_TORCH", CPU_TORCH)
-    _install_stack(session, torch, os.environ.get("KVH_TRITON"))
+    _install_default_stack(session)
     _run_then_report(session, "checks.mutants", "mutants")
 
 

@@ -1,5 +1,5 @@
-"""The decode step as a model runs it, timed: shared by the decode-step benchmark and
-scripts/gpu_decode_loop.py.
+"""The decode step as a model runs it, timed: shared by the decode-step benchmark, the peers
+benchmark (suites/peers_support.py) and scripts/gpu_decode_loop.py.
 
 A step appends one token to every sequence and attends with one query token per sequence.
 kvbits: :class:`kernels.decode.cache.PagedKVCache` (append + attend), eager and replayed from one
@@ -17,6 +17,7 @@ import torch
 import torch.nn.functional as F
 
 from harness.measure.timing import Timing
+from kernels._checks import require_int
 from kernels.decode import PagedKVCache
 
 PAGE = 256  # tokens per page of the benchmarks' pools
@@ -42,13 +43,29 @@ def spread_metrics(steps: dict) -> dict:
     return {"ms_n": steps["n"], "ms_min": steps["min"], "ms_iqr": steps["iqr"], "ms_mad": steps["mad"]}
 
 
+def require_positive(name: str, value) -> int:
+    """value, an int >= 1 (TypeError or ValueError naming ``name`` otherwise)."""
+    if require_int(name, value) < 1:
+        raise ValueError(f"{name} must be at least 1; got {value}")
+    return value
+
+
+def paged_cache(batch: int, heads: int, dim: int, tokens: int, *, device, bits: int = 3, group_size: int = 64,
+                dtype: torch.dtype = torch.float16) -> PagedKVCache:
+    """An empty cache for ``batch`` sequences of up to ``tokens`` tokens each: pages of PAGE tokens,
+    enough for ``tokens`` per sequence and one spare page each; K/V of ``heads`` heads of ``dim``
+    channels in ``dtype``."""
+    pages = require_positive("batch", batch) * (-(-require_positive("tokens", tokens) // PAGE) + 1)
+    return PagedKVCache(pages, PAGE, heads, dim, max_seqs=batch, bits=bits, group_size=group_size, dtype=dtype,
+                        device=device)
+
+
 def prompt_cache(batch: int, heads: int, seq: int, dim: int, *, extra: int, device, bits: int = 3,
                  group_size: int = 64, seed: int = 0) -> PagedKVCache:
     """A cache of ``batch`` sequences, each added with a random prompt of ``seq`` tokens, with pages
     for ``extra`` more tokens each."""
     gen = torch.Generator(device=device).manual_seed(seed)
-    pages = batch * (-(-(seq + extra) // PAGE) + 1)
-    cache = PagedKVCache(pages, PAGE, heads, dim, max_seqs=batch, bits=bits, group_size=group_size, device=device)
+    cache = paged_cache(batch, heads, dim, seq + extra, device=device, bits=bits, group_size=group_size)
     for _ in range(batch):
         k = torch.randn(heads, seq, dim, generator=gen, device=device, dtype=torch.float16)
         v = torch.randn(heads, seq, dim, generator=gen, device=device, dtype=torch.float16)
@@ -56,14 +73,26 @@ def prompt_cache(batch: int, heads: int, seq: int, dim: int, *, extra: int, devi
     return cache
 
 
-def step_inputs(batch: int, q_heads: int, kv_heads: int, dim: int, device, *, seed: int = 1):
-    """SOURCES token tensors [B, Hkv, D] and queries [B, Hq, D] (fp16, random)."""
+def step_inputs(batch: int, q_heads: int, kv_heads: int, dim: int, device, *, seed: int = 1,
+                dtype: torch.dtype = torch.float16):
+    """SOURCES token tensors [B, Hkv, D] and queries [B, Hq, D] (random, in ``dtype``)."""
     gen = torch.Generator(device=device).manual_seed(seed)
-    toks = [torch.randn(batch, kv_heads, dim, generator=gen, device=device, dtype=torch.float16)
+    toks = [torch.randn(batch, kv_heads, dim, generator=gen, device=device, dtype=dtype)
             for _ in range(SOURCES)]
-    qs = [torch.randn(batch, q_heads, dim, generator=gen, device=device, dtype=torch.float16)
+    qs = [torch.randn(batch, q_heads, dim, generator=gen, device=device, dtype=dtype)
           for _ in range(SOURCES)]
     return toks, qs
+
+
+def cycling_step(append, attend, toks, qs):
+    """The eager decode step i of a timed loop: append(toks[i], toks[i + 3]) (one token per
+    sequence, K and V) then attend(qs[i]), indices modulo SOURCES (:func:`step_inputs`)."""
+
+    def step(i):
+        append(toks[i % SOURCES], toks[(i + 3) % SOURCES])
+        attend(qs[i % SOURCES])
+
+    return step
 
 
 def timed_steps(step, n: int) -> tuple[list[float], float]:
@@ -111,19 +140,34 @@ def _captured(fn) -> torch.cuda.CUDAGraph:
     return graph
 
 
+def eager_figures(step, steps: int) -> dict:
+    """step(0) once (warm-up: first-use compiles and plans), then ``steps`` timed calls step(i):
+    per-step percentiles (:func:`percentiles`), ``wall`` ms per step and ``issue``, the host's ms to
+    issue one (:func:`timed_steps_issued`). step runs steps + 1 times."""
+    require_positive("steps", steps)
+    step(0)
+    per, wall, issue = timed_steps_issued(step, steps)
+    return {**percentiles(per), "wall": wall, "issue": issue}
+
+
+def graph_figures(step, steps: int) -> dict:
+    """step() run once on a side stream (warm-up), captured in one CUDA graph and the graph replayed
+    ``steps`` times, timed as :func:`eager_figures` times its calls. GPU only. On the device step
+    runs steps + 1 times (the warm-up and the replays; the capture runs nothing), on the host
+    twice (the warm-up and the capture): a step that grows a cache grows it by steps + 1 tokens,
+    which the host does not see."""
+    require_positive("steps", steps)
+    graph = _captured(step)
+    per, wall, issue = timed_steps_issued(lambda i: graph.replay(), steps)
+    return {**percentiles(per), "wall": wall, "issue": issue}
+
+
 def kvbits_steps(cache: PagedKVCache, toks, qs, steps: int) -> dict:
     """Eager steps, then (on a GPU) steps replayed from one captured step: per-step percentiles,
     wall ms per step and the host's ms to issue one step of each; the cache grows by 2 * steps + 2
     tokens."""
     cache.reserve(steps + 1)
-
-    def eager(i):
-        cache.append(toks[i % SOURCES], toks[(i + 3) % SOURCES])
-        cache.attend(qs[i % SOURCES])
-
-    eager(0)
-    per, wall, issue = timed_steps_issued(eager, steps)
-    figures = {"eager": {**percentiles(per), "wall": wall, "issue": issue}}
+    figures = {"eager": eager_figures(cycling_step(cache.append, cache.attend, toks, qs), steps)}
     if not torch.cuda.is_available():
         return figures
     kb, vb, qb = toks[0].clone(), toks[1].clone(), qs[0].clone()
@@ -134,10 +178,8 @@ def kvbits_steps(cache: PagedKVCache, toks, qs, steps: int) -> dict:
         cache.append(kb, vb)
         cache.attend(qb, out=ob)
 
-    graph = _captured(step)
-    per, wall, issue = timed_steps_issued(lambda i: graph.replay(), steps)
+    figures["graph"] = graph_figures(step, steps)
     cache.advance(steps)
-    figures["graph"] = {**percentiles(per), "wall": wall, "issue": issue}
     figures["out"] = ob
     return figures
 
@@ -165,9 +207,7 @@ def fp16_steps(batch: int, q_heads: int, kv_heads: int, seq: int, dim: int, step
         cv[:, :, pos] = toks[(i + 3) % SOURCES]
         attend(qs[i % SOURCES], pos + 1)
 
-    eager(0)
-    per, wall = timed_steps(eager, steps)
-    figures = {"eager": {**percentiles(per), "wall": wall}}
+    figures = {"eager": eager_figures(eager, steps)}
     if device != "cuda":
         return figures
     pos = torch.tensor([seq], device=device)
@@ -178,9 +218,7 @@ def fp16_steps(batch: int, q_heads: int, kv_heads: int, seq: int, dim: int, step
         cv.index_copy_(2, pos, vb)
         attend(qb, seq + 1)
 
-    graph = _captured(fixed)
-    per, wall = timed_steps(lambda i: graph.replay(), steps)
-    figures["graph"] = {**percentiles(per), "wall": wall}
+    figures["graph"] = graph_figures(fixed, steps)
     return figures
 
 

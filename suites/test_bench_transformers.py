@@ -4,11 +4,12 @@ with the sweep; records figures, never asserts on speed).
 A Llama-3-8B-shaped model (32 layers, hidden 4096, 32 query and 8 kv heads of 128, random
 weights in bf16, the way serving benchmarks time models without their weights) takes a random
 prompt of S tokens per row (prefill), then decodes STEPS tokens greedily one forward at a time,
-eager, with: transformers' default DynamicCache (SDPA), its preallocated StaticCache (SDPA), and
-the 3-bit kvbits cache (:mod:`kernels.integrations.transformers`). Per case: decode tokens per
-second and ms per step, prefill seconds, peak device memory above the weights, the cache's bytes
-per token across the layers and the longest context one sequence fits in 80 and 141 GB beside
-the weights. In the interpreter on CPU, a two-layer model at tiny sizes.
+eager, with: transformers' default DynamicCache (SDPA), its preallocated StaticCache (SDPA), its
+QuantizedCache with quanto at 4 bits (what ``cache_implementation="quantized"`` gives; skipped
+without optimum-quanto), and the 3-bit kvbits cache (:mod:`kernels.integrations.transformers`).
+Per case: decode tokens per second and ms per step, prefill seconds, peak device memory above the
+weights, the cache's bytes per token across the layers and the longest context one sequence fits
+in 80 and 141 GB beside the weights. In the interpreter on CPU, a two-layer model at tiny sizes.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ transformers = pytest.importorskip("transformers", reason="the end-to-end benchm
 from transformers import DynamicCache, LlamaConfig, LlamaForCausalLM, StaticCache  # noqa: E402
 from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding  # noqa: E402
 
+from harness.peers.hf_quantized import GROUP_SIZE, RESIDUAL_LENGTH, HFQuantizedPeer, stored_bytes  # noqa: E402
 from kernels.integrations.transformers import ATTENTION_NAME, KVBitsCache  # noqa: E402
 
 pytestmark = [pytest.mark.bench, pytest.mark.sweep]
@@ -36,7 +38,7 @@ TINY = dict(hidden_size=128, intermediate_size=256, num_attention_heads=4, num_k
             num_hidden_layers=2, vocab_size=256)
 # (batch, prompt tokens): batch 8 at 128K is left out: the bf16 caches need 128 GB for it
 CASES = [(1, 8192), (1, 32768), (1, 131072), (8, 8192), (8, 32768)] if GPU else [(1, 96), (2, 70)]
-CACHES = ("dynamic", "static", "kvbits-3bit")
+CACHES = ("dynamic", "static", "quanto-int4", "kvbits-3bit")
 STEPS = 32 if GPU else 3
 MEMORY_GB = (80, 141)  # device sizes the longest context is given for
 
@@ -64,7 +66,17 @@ def _cache(kind: str, net, capacity: int):
         return DynamicCache(config=net.config), "sdpa"
     if kind == "static":
         return StaticCache(config=net.config, max_cache_len=capacity), "sdpa"
+    if kind == "quanto-int4":
+        from transformers.cache_utils import QuantizedCache
+
+        return QuantizedCache("quanto", net.config, nbits=4, q_group_size=GROUP_SIZE,
+                              residual_length=RESIDUAL_LENGTH), "sdpa"
     return KVBitsCache(net.config, max_cache_len=capacity, bits=3), ATTENTION_NAME
+
+
+def _quanto_missing() -> str | None:
+    """Why transformers' quanto cache cannot run here, or None (the quanto peer's own check)."""
+    return HFQuantizedPeer("quanto", 4, 1, 1, 1, GROUP_SIZE, 1, device=DEVICE).missing()
 
 
 def _sync():
@@ -72,11 +84,15 @@ def _sync():
         torch.cuda.synchronize()
 
 
-def _cache_bytes_per_token(kind: str, cache, config) -> float:
+def _cache_bytes_per_token(kind: str, cache, config, tokens: int) -> float:
     """Bytes one token takes in the cache across the layers (kvbits: its pool's codes, scales and
-    zeros; the bf16 caches: K and V)."""
+    zeros; quanto: what its layers store, codes, scales, zeros and the bf16 residual window, over
+    the ``tokens`` held; the bf16 caches: K and V)."""
     if kind == "kvbits-3bit":
         return sum(layer.paged.bytes_per_token() for layer in cache.layers)
+    if kind == "quanto-int4":
+        return sum(stored_bytes(getattr(layer, attr, None)) for layer in cache.layers
+                   for attr in ("_quantized_keys", "_quantized_values", "keys", "values")) / tokens
     dtype_bytes = 2 if GPU else 4
     return 2 * config.num_hidden_layers * config.num_key_value_heads * config.head_dim * dtype_bytes
 
@@ -85,6 +101,8 @@ def _cache_bytes_per_token(kind: str, cache, config) -> float:
 @pytest.mark.parametrize(("batch", "prompt"), CASES, ids=[f"B{b}-S{s}" for b, s in CASES])
 def test_bench_generate(record, model, batch, prompt, kind):
     record.backend, record.device, record.variant = "transformers", DEVICE, kind
+    if kind == "quanto-int4" and (reason := _quanto_missing()):
+        pytest.skip(reason)
     config = model.config
     gen = torch.Generator(device=DEVICE).manual_seed(prompt + batch)
     ids = torch.randint(0, config.vocab_size, (batch, prompt), generator=gen, device=DEVICE)
@@ -117,7 +135,7 @@ def test_bench_generate(record, model, batch, prompt, kind):
     finally:
         model.set_attn_implementation("sdpa")
     median = sorted(ms)[len(ms) // 2]
-    per_token = _cache_bytes_per_token(kind, cache, config)
+    per_token = _cache_bytes_per_token(kind, cache, config, batch * cache.get_seq_length())
     figures = {"ms": median, "tokens_per_s": batch / (median / 1e3), "prefill_s": prefill_s,
                "bytes_per_token": per_token, "max_ms": max(ms),
                "shape": f"Llama-3-8B-shaped ({config.num_hidden_layers} layers, random weights), B={batch} "

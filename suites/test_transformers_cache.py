@@ -42,6 +42,7 @@ from transformers.utils.import_utils import (  # noqa: E402
 )
 
 import kernels  # noqa: E402
+from harness.peers.base import dist_version  # noqa: E402
 from kernels.integrations.transformers import ATTENTION_NAME, KVBitsCache  # noqa: E402
 
 PAD = 0  # the pad token id (never drawn into a prompt)
@@ -293,12 +294,14 @@ QUANTIZED = [pytest.param("hqq", "hqq", "hqq", 3, id="hqq-b3"),
 def test_against_transformers_quantized_cache(record, seed, device, backend, module, package, bits):
     """transformers' QuantizedCache (HQQ at 3 bits, quanto at 4: what each backend offers) and
     KVBitsCache at the same bits and group size, each against the float64 reference along its
-    own tokens: both within the bound (recorded side by side)."""
+    own tokens: both within the bound (recorded side by side), at the size the bound was measured
+    on, on every device (REFERENCE_SIZE)."""
     top = module.split(".")[0]  # find_spec of a dotted name raises when its parent is missing
-    if importlib.util.find_spec(top) is None or importlib.util.find_spec(module) is None:
+    # transformers reads the installed version: files left by an uninstalled package are missing
+    if dist_version(package) is None or importlib.util.find_spec(top) is None or importlib.util.find_spec(module) is None:
         pytest.skip(f"{package} is not installed (transformers' QuantizedCache backend {backend!r})")
     record.backend, record.device, record.variant = f"kvbits-vs-{backend}", device, f"fp16-b{bits}"
-    size = _size(device)
+    size = REFERENCE_SIZE
     model, model64 = _models(size, seed, torch.float16, device)
     ids = _prompt(torch.Generator().manual_seed(seed), size, 1, size.prompt, device)
     ours = _quantized_reference(model, model64, ids, size, bits)

@@ -109,8 +109,8 @@ def listing() -> list[tuple[bool, str, str]]:
 
 def test_every_session_is_listed_with_a_one_line_description(listing):
     names = {session.split("(")[0] for _, session, _ in listing}
-    assert names == {"tests", "verify", "gpu_verify", "bench", "ab", "report", "lint", "compile_matrix", "container",
-                     "mutants", "sanitize"}
+    assert names == {"tests", "verify", "gpu_verify", "bench", "peers", "ab", "report", "lint", "compile_matrix",
+                     "container", "mutants", "sanitize"}
     for _, session, description in listing:
         assert description.strip() and len(description) < 110, (session, description)
 
@@ -266,6 +266,31 @@ def test_verify_and_bench_install_the_default_stack(tmp_path, monkeypatch):
         getattr(noxfile, name)(session)
         assert session.installs() == commands.install_commands(legs.CPU_TORCH, "3.6.0")
         assert session.runs() == [("python", "-m", "harness.run.pipeline", name)]
+
+
+def test_peers_session_runs_the_bench_pipeline_on_the_peers_marker(tmp_path, monkeypatch):
+    """The bench pipeline's pytest step selects ``-m bench``; the ``-m peers`` after it is the one
+    pytest keeps, and the caller's arguments come after both."""
+    monkeypatch.delenv("KVH_TORCH_INDEX_URL", raising=False)
+    monkeypatch.delenv("KVH_TORCH", raising=False)
+    monkeypatch.setenv("KVH_TRITON", "3.6.0")
+    noxfile = load_noxfile()
+    session = FakeSession(tmp_path, posargs=["-k", "kvbits"])
+    noxfile.peers(session)
+    assert session.installs() == commands.install_commands(legs.CPU_TORCH, "3.6.0")
+    assert session.runs() == [("python", "-m", "harness.run.pipeline", "bench", "-m", "peers", "-k", "kvbits")]
+    installed = FakeSession(tmp_path, venv_backend="none")
+    noxfile.peers(installed)
+    assert installed.installs() == []
+    assert installed.runs() == [(sys.executable, "-m", "harness.run.pipeline", "bench", "-m", "peers")]
+    step = commands.plan("bench", python="py", leg="L", gpus=[], extra=session.runs()[0][4:])[0]
+    marks = [step.argv[i + 1] for i, arg in enumerate(step.argv) if arg == "-m"]
+    assert marks[-1] == "peers" and step.argv[-2:] == ["-k", "kvbits"]
+
+
+def test_peers_marker_is_registered():
+    markers = nox.project.load_toml(ROOT / "pyproject.toml")["tool"]["pytest"]["ini_options"]["markers"]
+    assert any(m.startswith("peers:") and "nox -s peers" in m for m in markers)
 
 
 def test_ab_session_installs_the_default_stack_and_passes_base_and_selection(tmp_path, monkeypatch):

@@ -6,7 +6,9 @@ boundary (a KV block of the block mask, the quantized cache's residual window) a
 float64 attention over every token so far. The GPU-only peers (FlashInfer, flash-attn, SDPA
 flash/cuDNN) are checked through what runs without their package: the paged layout and page
 table FlashInfer is given, the adapters' calls against stand-in modules that do what the
-packages' documentation says, and ``missing()`` naming the device or the package.
+packages' documentation says, and ``missing()`` naming the device or the package. kvbits' own
+cache behind the same interface (suites/peers_support.py) is checked the same way, and the peers
+benchmark's figures (``measure``) and records are checked on CPU.
 """
 
 from __future__ import annotations
@@ -23,6 +25,15 @@ from harness.peers.flash_attn import FlashAttnPeer
 from harness.peers.flashinfer import FlashInferPeer
 from harness.peers.hf_quantized import HFQuantizedPeer, stored_bytes
 from harness.peers.sdpa import SdpaPeer
+from suites.decode_loop_support import eager_figures, paged_cache
+from suites.peers_support import (
+    METHODS,
+    KvbitsPeer,
+    attention_error,
+    exact_attention,
+    extra_tokens,
+    measure,
+)
 
 B, HQ, HKV, D = 2, 4, 2, 64  # GQA: two query heads per K/V head
 FP16_TOL = 2e-3  # fp16 output rounding (2^-11 relative) of |out| < 2, plus fp32 accumulation
@@ -408,3 +419,178 @@ def test_bad_tensors_name_the_argument():
         peer.append(good[:, :, 0], good[:, :, 0])
     with pytest.raises(ValueError, match="capacity"):
         peer.append(good[:, :, 0], good[:, :, 0])
+
+
+# --- kvbits behind the same interface (suites/peers_support.py) -----------------------------------
+
+KVBITS = ["kvbits2", "kvbits3", "kvbits4"]
+
+
+def kvbits_bytes_per_token(bits: int) -> float:
+    """Codes of K and V, and an fp16 scale and zero of each per 64 values (group 64), per kv head."""
+    return HKV * (2 * D * bits / 8 + 4 * (D / 64) * 2)
+
+
+@pytest.mark.parametrize("name", KVBITS)
+def test_kvbits_peer_attends_what_it_stores(name):
+    """Per step: the output is float64 attention over the cache's own dequantized K/V (the adapter
+    maps heads, GQA and scale right), and those K/V are the original ones to within one
+    quantization step of the tensor's range (it stores what it was given). 126 + 4 tokens: the
+    second group of 64 completes on the second append."""
+    from kernels.decode import reference_decode
+    from kernels.kv_cache import dequantize_kv
+
+    peer = METHODS[name](B, HQ, HKV, D, 256)
+    assert peer.missing() is None and peer.graph_capturable
+    for q, out, k, v in grow(peer, 126, 4):
+        stored = peer.cache.to_contiguous()
+        assert (out.double() - reference_decode(q, stored)).abs().max().item() < FP16_TOL
+        for exact, approx in zip((k, v), dequantize_kv(stored, dtype=torch.float32), strict=True):
+            step_size = (exact.max() - exact.min()).item() / (2 ** peer.bits - 1)
+            assert (approx.double() - exact.double()).abs().max().item() <= step_size * 1.01
+    assert peer.length == 130 and peer.cache.lengths() == [130] * B
+    assert peer.bytes_per_token() == kvbits_bytes_per_token(peer.bits)
+
+
+def test_kvbits_peer_follows_replays():
+    """Tokens the device appended unseen by the host (as replays of a captured step do; here the
+    torch append on the cache's view): replayed() brings the peer's and the cache's host lengths to
+    the device's, and the next step goes on from there."""
+    from kernels.decode import reference_decode
+    from kernels.decode.append import append_torch
+
+    peer = KvbitsPeer(3, B, HQ, HKV, D, 256)
+    for _ in grow(peer, 60, 1):
+        pass
+    gen = torch.Generator().manual_seed(5)
+    unseen = torch.randn(B, HKV, 6, D, generator=gen).half()
+    append_torch(peer.cache.view(), unseen, unseen, None, peer.cache.errors)  # 61 -> 67 on the "device"
+    assert peer.length == 61 and peer.cache.lengths() == [61] * B
+    peer.replayed(67)
+    assert peer.length == 67 and peer.cache.lengths() == peer.cache.sync_lengths() == [67] * B
+    tok, q = torch.randn(B, HKV, D, generator=gen).half(), torch.randn(B, HQ, D, generator=gen).half()
+    peer.append(tok, tok)
+    out = peer.attend(q)
+    assert peer.cache.lengths() == peer.cache.sync_lengths() == [68] * B
+    assert (out.double() - reference_decode(q, peer.cache.to_contiguous())).abs().max().item() < FP16_TOL
+
+
+def test_replayed_refuses_what_no_replay_explains():
+    peer = KvbitsPeer(3, B, HQ, HKV, D, 64)
+    with pytest.raises(RuntimeError, match="load"):
+        peer.replayed(10)
+    with pytest.raises(ValueError, match=r"^length must be in 1\.\.capacity \(64\)"):
+        peer.replayed(65)
+    with pytest.raises(TypeError, match="^length must be an int"):
+        peer.replayed(10.0)
+    with pytest.raises(RuntimeError, match="not graph-capturable"):
+        SdpaPeer("math", B, HQ, HKV, D, 64).replayed(10)
+
+
+def test_kvbits_peer_bad_options_and_shapes():
+    with pytest.raises(ValueError, match="^bits must be one of"):
+        KvbitsPeer(5, B, HQ, HKV, D, 16)
+    with pytest.raises(TypeError, match="^bits must be an int"):
+        KvbitsPeer(3.0, B, HQ, HKV, D, 16)
+    with pytest.raises(TypeError, match="^group_size must be an int"):
+        KvbitsPeer(3, B, HQ, HKV, D, 16, group_size="64")
+    reason = KvbitsPeer(3, B, HQ, HKV, 48, 16).missing()  # V's groups of 64 channels do not divide 48
+    assert "head_dim=48" in reason and "group_size=64" in reason
+    with pytest.raises(RuntimeError, match="load a prompt first"):
+        KvbitsPeer(3, B, HQ, HKV, D, 16).bytes_per_token()
+
+
+def test_methods_are_the_peers_and_kvbits():
+    assert list(METHODS) == [*PEERS, *KVBITS]
+    for name, make in METHODS.items():
+        peer = make(1, 2, 1, 64, 8)
+        assert peer.name == name
+        assert type(peer.version()) is str, name  # a record's metric: plain JSON, which xdist can send too
+
+
+# --- one case's figures (measure) ---------------------------------------------------------------------
+
+def test_exact_attention_goes_head_by_head_as_gqa_maps_them():
+    gen = torch.Generator().manual_seed(6)
+    q, k, v = (torch.randn(*shape, generator=gen).half() for shape in ((B, HQ, D), (B, HKV, 33, D), (B, HKV, 33, D)))
+    exact = exact_attention(q, k, v, 1 / math.sqrt(D))
+    assert exact.dtype == torch.float64 and exact.shape == (B, HQ, D)
+    assert torch.allclose(exact, reference(q, k, v), rtol=0, atol=1e-12)
+
+
+MEASURED = ["ms", "p99_ms", "max_ms", "ms_n", "ms_min", "ms_iqr", "ms_mad", "host_ms", "bound", "graph_ms",
+            "graph_p99_ms", "attend_ms", "attend_graph_ms", "attn_rel_err", "attn_rel_err_outliers", "bits",
+            "bytes_per_token", "method", "version"]
+
+
+@pytest.fixture(scope="module")
+def measured() -> dict:
+    """measure() of SDPA math and kvbits at 2, 3 and 4 bits at one small shape on CPU."""
+    seq = 64
+    return {name: measure(METHODS[name](B, HQ, HKV, D, seq + extra_tokens(2, 0)), seq, eager_steps=2, graph_steps=0)
+            for name in ["sdpa-math", *KVBITS]}
+
+
+def test_measure_gives_every_figure_of_a_case(measured):
+    for name, figures in measured.items():
+        assert sorted(figures) == sorted(MEASURED), name
+        assert figures["method"] == name and figures["ms_n"] == 2 and figures["bound"] == "cpu"
+        assert 0 < figures["ms_min"] <= figures["ms"] <= figures["max_ms"] and figures["attend_ms"] > 0
+        assert figures["graph_ms"] is None and figures["attend_graph_ms"] is None  # no CUDA graph on CPU
+    assert measured["sdpa-math"]["bytes_per_token"] == 2 * HKV * D * 2 and measured["sdpa-math"]["bits"] == 16
+    for name in KVBITS:
+        assert measured[name]["bytes_per_token"] == kvbits_bytes_per_token(measured[name]["bits"])
+
+
+def test_measure_errors_are_against_the_original_kv(measured):
+    """fp16 attention is exact to fp16 rounding; every fewer bit of kvbits costs accuracy, on
+    plain K and on K with outlier channels alike (the same K/V and query for every method)."""
+    for metric in ("attn_rel_err", "attn_rel_err_outliers"):
+        errs = [measured[name][metric] for name in ["sdpa-math", *reversed(KVBITS)]]
+        assert errs[0] < 1e-3, metric
+        assert errs == sorted(errs) and errs[1] > 10 * errs[0], (metric, errs)
+
+
+def test_attention_error_replaces_the_cache_and_is_reproducible():
+    peer = KvbitsPeer(3, B, HQ, HKV, D, 128)
+    first = attention_error(peer, 100, outliers=True, seed=3)
+    assert peer.length == 101
+    assert attention_error(peer, 100, outliers=True, seed=3) == first
+    assert attention_error(peer, 100, outliers=False, seed=3) != first
+
+
+def test_measure_bad_input():
+    peer = KvbitsPeer(3, B, HQ, HKV, D, 64 + extra_tokens(2, 0))
+    with pytest.raises(TypeError, match="^peer must be a harness.peers.Peer"):
+        measure("kvbits3", 64, eager_steps=2, graph_steps=0)
+    for kwargs, error, match in (({"seq": 0}, ValueError, "^seq must be at least 1"),
+                                 ({"eager_steps": 0}, ValueError, "^eager_steps must be at least 1"),
+                                 ({"graph_steps": -1}, ValueError, "^graph_steps must be at least 0"),
+                                 ({"eager_steps": 1.5}, TypeError, "^eager_steps must be an int"),
+                                 ({"graph_steps": 1}, ValueError, r"^peer's capacity \(68\) must hold .* = 69 tokens")):
+        args = {"seq": 64, "eager_steps": 2, "graph_steps": 0, **kwargs}
+        with pytest.raises(error, match=match):
+            measure(peer, args.pop("seq"), **args)
+    with pytest.raises(ValueError, match="^peer sdpa-flash cannot run here: SDPA's flash backend needs a CUDA"):
+        measure(SdpaPeer("flash", B, HQ, HKV, D, 200), 64, eager_steps=2, graph_steps=0)
+
+
+def test_helpers_bad_input():
+    peer = KvbitsPeer(3, B, HQ, HKV, D, 64)
+    with pytest.raises(TypeError, match="^peer must be a harness.peers.Peer"):
+        attention_error(None, 10, outliers=False, seed=0)
+    with pytest.raises(ValueError, match=r"^seq must leave room for one token in the peer's capacity \(64\)"):
+        attention_error(peer, 64, outliers=False, seed=0)
+    with pytest.raises(ValueError, match="^seq must be at least 1"):
+        attention_error(peer, 0, outliers=False, seed=0)
+    q, k = torch.zeros(B, HQ, D), torch.zeros(B, HKV, 5, D)
+    with pytest.raises(ValueError, match="^k must have 4 dimensions"):
+        exact_attention(q, k[0], k, 0.125)
+    with pytest.raises(TypeError, match="^v must be a torch.Tensor"):
+        exact_attention(q, k, None, 0.125)
+    with pytest.raises(ValueError, match=r"^k and v must be \[B, Hkv, S, D\]"):
+        exact_attention(torch.zeros(B, 3, D), k, k, 0.125)  # 3 query heads over 2 kv heads
+    with pytest.raises(ValueError, match="^tokens must be at least 1"):
+        paged_cache(1, HKV, D, 0, device="cpu")
+    with pytest.raises(ValueError, match="^steps must be at least 1"):
+        eager_figures(lambda i: None, 0)

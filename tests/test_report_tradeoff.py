@@ -4,6 +4,10 @@ the chart, the bytes-per-token table, and the page with and without them."""
 from __future__ import annotations
 
 import base64
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 from synthetic import env_for, rec, write_run
@@ -17,8 +21,10 @@ from harness.report.tradeoff import (
     tradeoff_charts,
     tradeoff_points,
 )
+from harness.run import commands
 
 GROUP = "B1-Hq32-Hkv32-S32768-D128"
+ROOT = Path(__file__).resolve().parent.parent
 
 
 def _method(name, ms, err, bits, bytes_per_token, *, group=GROUP, outcome="passed", **extra):
@@ -91,3 +97,36 @@ def test_the_page_shows_the_section_only_with_points(tmp_path):
     assert 'id="charts-tradeoff"' in html and 'id="memory-per-token"' in html and "kvbits-3bit" in html
     plain = render_html(_summary(tmp_path / "plain", [rec("bench_decode", "t", metrics={"ms": 0.04})]), history=None)
     assert 'id="charts-tradeoff"' not in plain and 'id="memory-per-token"' not in plain
+
+
+def test_the_peers_benchmark_feeds_the_section(tmp_path):
+    """The peers benchmark run on CPU as ``nox -s peers`` selects it (the bench step's pytest command,
+    ``-m peers`` after its ``-m bench``): only the peers cases run (the decode-step benchmark beside
+    them is deselected), each method passes or is skipped naming why, and the records of the
+    methods that ran are the section's points, kvbits among them, with their bytes per token.
+    FlexAttention and transformers' caches are left out: seconds each on CPU where installed."""
+    from suites.peers_support import METHODS
+
+    out = tmp_path / "bench-L"
+    argv = commands.pytest_command(sys.executable, ["suites/test_bench_peers.py", "suites/test_bench_decode_step.py"],
+                                   marker="bench", results_dir=str(out), leg="L",
+                                   extra=["-m", "peers", "-k", "not flex and not hf-", "-p", "no:cacheprovider"])
+    run = subprocess.run(argv, cwd=ROOT, env={**os.environ, "CUDA_VISIBLE_DEVICES": ""}, capture_output=True,
+                         text=True, timeout=600)
+    assert run.returncode == 0, run.stdout[-4000:] + run.stderr[-2000:]
+    summary = summarize(load_results([out]))
+    records = {record.variant: record for _, record in summary.results.pairs()}
+    assert sorted(records) == sorted(m for m in METHODS if m != "flex" and not m.startswith("hf-"))
+    assert {r.suite for r in records.values()} == {"bench_peers"}
+    ran = sorted(name for name, r in records.items() if r.outcome == "passed")
+    assert {"kvbits2", "kvbits3", "kvbits4", "sdpa-math"} <= set(ran)
+    for name, record in records.items():
+        assert record.outcome in ("passed", "skipped"), (name, record.message)
+        assert record.outcome == "passed" or record.message.startswith(f"{name}: "), (name, record.message)
+    assert "needs a CUDA device" in records["sdpa-flash"].message
+    assert records["sdpa-math"].metrics["reference"] is True and records["kvbits3"].metrics["reference"] is False
+    ((group, points),) = tradeoff_points(summary).items()
+    assert group == "B1-Hq2-Hkv2-S256-D64"
+    assert sorted(p.method for p in points) == ran
+    rows = {row["method"]: row for row in memory_rows(summary)}
+    assert rows["kvbits3"]["bits_per_element"] == "3.50" and rows["sdpa-math"]["bits_per_element"] == "16.00"

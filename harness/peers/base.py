@@ -4,7 +4,9 @@ A peer holds one attention layer's K/V cache for ``batch`` sequences of equal le
 peer's own storage and API. The benchmark calls :meth:`Peer.load` with the prompt, then per step
 :meth:`Peer.append` (one token per sequence) and :meth:`Peer.attend` (one query token per
 sequence). The public methods check their arguments (``TypeError``/``ValueError`` naming the
-argument) and hand over to the subclass's ``_load``/``_append``/``_attend``.
+argument) and hand over to the subclass's ``_load``/``_append``/``_attend``. A graph-capturable
+peer's step (append + attend) may be captured in one CUDA graph and replayed; :meth:`Peer.replayed`
+then tells it the length the replays reached.
 """
 
 from __future__ import annotations
@@ -125,6 +127,20 @@ class Peer(ABC):
         if self.length == 0:
             raise RuntimeError(f"{self.name}: load a prompt before attend")
         return self._attend(q)
+
+    def replayed(self, length: int) -> None:
+        """Tell a graph-capturable peer that replays of a captured :meth:`append` + :meth:`attend`
+        left every sequence at ``length`` tokens (1 <= length <= capacity). The host sees no
+        replay, and counted the capture's append though the capture ran nothing: this sets
+        :attr:`length` to what the device holds (a subclass that keeps host state of the length
+        extends it), so that later appends and attends go on from there."""
+        if not self.graph_capturable:
+            raise RuntimeError(f"{self.name} is not graph-capturable: no step of it was replayed")
+        if require_int("length", length) < 1 or length > self.capacity:
+            raise ValueError(f"length must be in 1..capacity ({self.capacity}); got {length}")
+        if self.length == 0:
+            raise RuntimeError(f"{self.name}: load a prompt before replaying a step")
+        self.length = length
 
     def _check(self, arg: str, t, shape: tuple[int | None, ...]) -> None:
         """t a tensor of ``dtype`` on ``device`` with ``shape`` (None: any size there)."""

@@ -38,7 +38,7 @@ class FlexPeer(PreallocatedPeer):
         return None
 
     def version(self) -> str:
-        return torch.__version__
+        return str(torch.__version__)  # a str: torch.__version__ is a TorchVersion, which xdist cannot send
 
     def _load(self, k: torch.Tensor, v: torch.Tensor) -> None:
         from torch.nn.attention.flex_attention import flex_attention

@@ -55,7 +55,7 @@ class SdpaPeer(PreallocatedPeer):
         return None
 
     def version(self) -> str:
-        return torch.__version__
+        return str(torch.__version__)  # a str: torch.__version__ is a TorchVersion, which xdist cannot send
 
     def _sdpa(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         from torch.nn.attention import sdpa_kernel

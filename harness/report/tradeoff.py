@@ -4,7 +4,7 @@ token costs and the longest context each method fits in a given memory.
 
 Read from the records of the peers benchmark (``suites/test_bench_peers.py``), whose metrics
 carry ``method``, ``bits``, ``ms`` (the decode step: append one token, attend), ``attn_rel_err``
-(relative RMS error of the attention output against fp16 attention on the original K/V; the
+(relative RMS error of the attention output against float64 attention on the original K/V; the
 chart takes ``attn_rel_err_outliers``, on K with outlier channels, where the record has it),
 ``bytes_per_token`` (one layer, the shape's kv heads) and ``pareto_group`` (the shape, e.g.
 ``B1-Hq32-Hkv32-S32768-D128``). A record without them is no point.
@@ -102,7 +102,7 @@ def tradeoff_chart(group: str, points: list[Point]) -> Chart:
         ax.legend(loc="upper right", frameon=False, fontsize=6.5)
     on_front = ", ".join(p.method for p in front)
     caption = (f"{len(points)} methods; on the Pareto front (nothing both faster and more accurate): {on_front}. "
-               f"Error against fp16 attention on the original K/V.")
+               f"Error against float64 attention on the original K/V.")
     return Chart("tradeoff", "", clean_text(group), caption, figure_uri(fig),
                  f"decode step time against attention error for {len(points)} methods at {clean_text(group)}")
 
