@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import importlib.metadata
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -32,7 +33,11 @@ nox.options.default_venv_backend = "virtualenv"
 nox.options.reuse_venv = "yes"
 
 GPU_PARAMS = [(leg.torch, leg.triton) for leg in GPU_LEGS]
-REPORT_DEPS = nox.project.load_toml(ROOT / "pyproject.toml")["project"]["optional-dependencies"]["report"]
+EXTRAS = nox.project.load_toml(ROOT / "pyproject.toml")["project"]["optional-dependencies"]
+REPORT_DEPS = EXTRAS["report"]
+# peers that build CUDA kernels from source for tens of minutes where no wheel matches the
+# installed torch: the peers session takes them from a wheel or not at all
+WHEEL_ONLY_PEERS = ("flash-attn",)
 _RAN_INSTALLED: set[str] = set()
 
 
@@ -184,8 +189,23 @@ PEERS_MARKER = "peers"  # the peer comparison's cases (suites/test_bench_peers.p
 def peers(session: nox.Session) -> None:
     """The peer comparison alone: kvbits against harness/peers (bench cases marked peers), report."""
     _install_default_stack(session)
+    _install_peers(session)
     # the bench step selects -m bench; a later -m replaces it in pytest, and posargs come after
     _pipeline(session, "bench", "-m", PEERS_MARKER, *session.posargs)
+
+
+def _install_peers(session: nox.Session) -> None:
+    """Each package of the ``peers`` extra that installs here, one at a time (WHEEL_ONLY_PEERS
+    from a wheel only): one that does not is said, and its peer's cases skip, naming it."""
+    if _installed(session):
+        return
+    for requirement in EXTRAS["peers"]:
+        name = re.split(r"[\s\[<>=!~;]", requirement, maxsplit=1)[0]
+        try:
+            session.install(*([f"--only-binary={name}"] if name in WHEEL_ONLY_PEERS else []), requirement)
+        except CommandFailed:
+            session.warn(f"{requirement} could not be installed here (no wheel for this platform, or its "
+                         "build failed): its peer cases skip, naming it")
 
 
 @nox.session(default=False)

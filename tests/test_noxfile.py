@@ -277,7 +277,10 @@ def test_peers_session_runs_the_bench_pipeline_on_the_peers_marker(tmp_path, mon
     noxfile = load_noxfile()
     session = FakeSession(tmp_path, posargs=["-k", "kvbits"])
     noxfile.peers(session)
-    assert session.installs() == commands.install_commands(legs.CPU_TORCH, "3.6.0")
+    peers = nox.project.load_toml(ROOT / "pyproject.toml")["project"]["optional-dependencies"]["peers"]
+    assert session.installs() == [*commands.install_commands(legs.CPU_TORCH, "3.6.0"),
+                                  *([*(["--only-binary=flash-attn"] if r.startswith("flash-attn") else []), r]
+                                    for r in peers)]
     assert session.runs() == [("python", "-m", "harness.run.pipeline", "bench", "-m", "peers", "-k", "kvbits")]
     installed = FakeSession(tmp_path, venv_backend="none")
     noxfile.peers(installed)
@@ -286,6 +289,20 @@ def test_peers_session_runs_the_bench_pipeline_on_the_peers_marker(tmp_path, mon
     step = commands.plan("bench", python="py", leg="L", gpus=[], extra=session.runs()[0][4:])[0]
     marks = [step.argv[i + 1] for i, arg in enumerate(step.argv) if arg == "-m"]
     assert marks[-1] == "peers" and step.argv[-2:] == ["-k", "kvbits"]
+
+
+def test_a_peer_that_does_not_install_is_said_and_the_others_still_run(tmp_path, monkeypatch):
+    monkeypatch.delenv("KVH_TORCH_INDEX_URL", raising=False)
+    monkeypatch.setenv("KVH_TRITON", "3.6.0")
+    noxfile = load_noxfile()
+    flash_attn = next(r for r in noxfile.EXTRAS["peers"] if r.startswith("flash-attn"))
+    session = FakeSession(tmp_path, failing=(flash_attn,))
+    noxfile.peers(session)
+    assert any(flash_attn in w and "skip" in w for w in session.warnings), session.warnings
+    assert len(session.warnings) == 1
+    later = noxfile.EXTRAS["peers"][noxfile.EXTRAS["peers"].index(flash_attn) + 1:]
+    assert later and all(any(r in args for args in session.installs()) for r in later)
+    assert session.runs() == [("python", "-m", "harness.run.pipeline", "bench", "-m", "peers")]
 
 
 def test_peers_marker_is_registered():
