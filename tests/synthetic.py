@@ -22,7 +22,9 @@ def env_for(leg: str, mode: str, *, host: str = "gpu-runner-1", torch: str = "2.
         "leg": leg, "mode": mode, "host": host, "platform": "Linux-6.8-x86_64", "cpu": "x86_64",
         "cpu_count": 16 if gpu else 2, "python": "3.11.2", "torch": torch,
         "torch_cuda": "13.0" if gpu else None, "triton": triton, "numpy": "2.3.1",
-        "nvcc": "13.0", "gpus": [H200] if gpu else [], "gpu": H200["name"] if gpu else None,
+        "nvcc": "13.0", "optional": {"transformers": "5.17.0", "flashinfer-python": "0.6.18" if gpu else None,
+                                     "flash-attn": None},
+        "gpus": [H200] if gpu else [], "gpu": H200["name"] if gpu else None,
         "cuda_visible_devices": "0" if gpu else None, "triton_interpret": None if gpu else "1",
         "commit": "0123456789abcdef0123456789abcdef01234567", "ci": True,
     }

@@ -140,6 +140,17 @@ def test_environment_shows_where_the_time_went(tmp_path):
     assert "tests 11.2 s" in cells[1] and "session ended at 20.3 s" in cells[1]
 
 
+def test_environment_names_the_optional_packages_installed_and_missing(tmp_path):
+    gpu = write_run(tmp_path / "gpu", [rec("bits", "test_a")], leg="G", env=env_for("G", "gpu"))
+    cpu = write_run(tmp_path / "cpu", [rec("bits", "test_a")], leg="C", env=env_for("C", "interpreter"))
+    html = render_html(summarize(load_results([gpu, cpu])))
+    env = html[html.index('id="environment"'):]
+    row = env[env.index("optional packages"):]
+    cells = re.findall(r'<td class="t">(.*?)</td>', row[: row.index("</tr>")])
+    assert cells == ["flashinfer-python 0.6.18, transformers 5.17.0; not installed: flash-attn",
+                     "transformers 5.17.0; not installed: flash-attn, flashinfer-python"]
+
+
 def test_environment_shows_the_triton_compiles_of_a_spread_run(tmp_path):
     import json
 

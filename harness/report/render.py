@@ -51,6 +51,7 @@ ENV_ROWS = [
     ("triton", lambda run, s: run.env.get("triton")),
     ("python", lambda run, s: run.env.get("python")),
     ("numpy", lambda run, s: run.env.get("numpy")),
+    ("optional packages", lambda run, s: _optional(run)),
     ("copy ceiling", lambda run, s: _ceiling(run, s)),
     ("platform", lambda run, s: run.env.get("platform")),
     ("CPU", lambda run, s: _cpu(run)),
@@ -67,6 +68,17 @@ ENV_ROWS = [
     ("pytest args", lambda run, s: _each(run, lambda m: " ".join(map(str, m.get("args") or [])) or None)),
     ("source", lambda run, s: " | ".join(str(path) for path, _ in run.parts)),
 ]
+
+
+def _optional(run: Run) -> str | None:
+    """The optional packages of the run's environment (transformers, the peers): the installed
+    ones with their versions, then those missing, each by name."""
+    versions = run.env.get("optional")
+    if not isinstance(versions, dict) or not versions:
+        return None
+    installed = [f"{dist} {version}" for dist, version in sorted(versions.items()) if version]
+    missing = [dist for dist, version in sorted(versions.items()) if not version]
+    return "; ".join(filter(None, (", ".join(installed), missing and "not installed: " + ", ".join(missing))))
 
 
 def _each(run: Run, get) -> str | None:

@@ -10,7 +10,12 @@ import socket
 import subprocess
 import sys
 from functools import lru_cache
+from importlib import metadata
 from pathlib import Path
+
+# the optional distributions the suites and the peer comparison use (pyproject's transformers
+# and peers extras): their versions go into the environment table, absent ones as None
+OPTIONAL_DISTRIBUTIONS = ("transformers", "flashinfer-python", "flash-attn", "optimum-quanto", "hqq")
 
 
 def _run(cmd: list[str], cwd: str | None = None) -> str | None:
@@ -88,6 +93,7 @@ def capture(leg: str | None = None) -> dict:
         "triton": triton_version,
         "numpy": _version_of("numpy"),
         "nvcc": _nvcc_version(),
+        "optional": optional_versions(),
         "gpus": gpus,
         "gpu": gpus[0]["name"] if gpus else None,
         "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES"),
@@ -105,6 +111,18 @@ def capture_or_fallback(leg: str | None = None) -> dict:
     except Exception as exc:  # noqa: BLE001 - any failure of the capture is reported, not raised
         return {"leg": leg or os.environ.get("KVH_LEG") or "unknown", "mode": None,
                 "capture_error": f"{type(exc).__name__}: {exc}"}
+
+
+def optional_versions(dists=OPTIONAL_DISTRIBUTIONS) -> dict[str, str | None]:
+    """The installed version of each distribution in ``dists`` (from its metadata: nothing is
+    imported), None for one that is not installed."""
+    found = {}
+    for dist in dists:
+        try:
+            found[dist] = metadata.version(dist)
+        except metadata.PackageNotFoundError:
+            found[dist] = None
+    return found
 
 
 def _version_of(module: str) -> str | None:
