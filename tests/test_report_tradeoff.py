@@ -80,6 +80,23 @@ def test_the_chart_names_every_method_and_the_front(tmp_path):
     assert "hf-hqq-4" not in chart.caption
 
 
+def test_steps_replayed_from_a_graph_are_drawn_beside_the_eager_ones(tmp_path):
+    """A method with graph_ms gets a second, hollow point named in the legend and the caption; the
+    front stays the eager steps'; without any graph_ms neither appears."""
+    records = [*METHODS[:2], _method("kvbits-3bit", 0.047, 6e-2, 3, FP16 * 3.5 / 16, graph_ms=0.030),
+               _method("kvbits-4bit", 0.052, 3e-2, 4, FP16 * 4.5 / 16, graph_ms=0.0)]  # 0: no point
+    (chart,) = tradeoff_charts(_summary(tmp_path, records))
+    svg = base64.b64decode(chart.uri.split(",", 1)[1]).decode()
+    assert "replayed from a CUDA graph" in svg
+    assert "CUDA graph (kvbits-3bit;" in chart.caption
+    assert "on the Pareto front (nothing both faster and more accurate): kvbits-3bit, kvbits-4bit," in chart.caption
+    points = tradeoff_points(_summary(tmp_path / "again", records))[GROUP]
+    assert [p.graph_ms for p in points] == [None, None, 0.030, None]
+    (plain,) = tradeoff_charts(_summary(tmp_path / "plain", METHODS))
+    assert "CUDA graph" not in plain.caption
+    assert "replayed from a CUDA graph" not in base64.b64decode(plain.uri.split(",", 1)[1]).decode()
+
+
 def test_memory_rows_scale_a_layer_to_the_model(tmp_path):
     rows = {row["method"]: row for row in memory_rows(_summary(tmp_path, METHODS))}
     assert [r["method"] for r in memory_rows(_summary(tmp_path / "2", METHODS))][0] == "kvbits-3bit"

@@ -3,7 +3,8 @@ step time against its attention-output error with the Pareto front drawn, and a 
 token costs and the longest context each method fits in a given memory.
 
 Read from the records of the peers benchmark (``suites/test_bench_peers.py``), whose metrics
-carry ``method``, ``bits``, ``ms`` (the decode step: append one token, attend), ``attn_rel_err``
+carry ``method``, ``bits``, ``ms`` (the decode step: append one token, attend; eager),
+``graph_ms`` (the same step replayed from a CUDA graph, where the method allows one), ``attn_rel_err``
 (relative RMS error of the attention output against float64 attention on the original K/V; the
 chart takes ``attn_rel_err_outliers``, on K with outlier channels, where the record has it),
 ``bytes_per_token`` (one layer, the shape's kv heads) and ``pareto_group`` (the shape, e.g.
@@ -43,6 +44,7 @@ class Point:
     error: float
     bytes_per_token: float | None
     group: str
+    graph_ms: float | None = None  # the step replayed from a CUDA graph (None: not capturable)
 
 
 def _point(metrics: dict) -> Point | None:
@@ -51,8 +53,9 @@ def _point(metrics: dict) -> Point | None:
     method, group = metrics.get("method"), metrics.get("pareto_group")
     if not (method and group and ms and ms > 0 and error is not None and math.isfinite(error)):
         return None
+    graph_ms = to_float(metrics.get("graph_ms"))
     return Point(str(method), to_float(metrics.get("bits")), ms, error, to_float(metrics.get("bytes_per_token")),
-                 str(group))
+                 str(group), graph_ms if graph_ms and graph_ms > 0 else None)
 
 
 def tradeoff_points(summary: Summary) -> dict[str, list[Point]]:
@@ -81,16 +84,23 @@ def _is_kvbits(point: Point) -> bool:
 
 def tradeoff_chart(group: str, points: list[Point]) -> Chart:
     """Decode-step time (x) against attention-output error (y), log-log, every method labelled,
-    kvbits in red, the Pareto front as a step line."""
+    kvbits in red, the Pareto front (of the eager steps) as a step line; where a method's step can
+    be replayed from a CUDA graph, that time too, hollow, joined to its eager point."""
     front = pareto_front(points)
     with matplotlib.rc_context(RC):
         fig = Figure(figsize=(6.4, 3.6), layout="constrained")
         ax = fig.subplots()
         xs, ys = [p.ms for p in front], [p.error for p in front]
         ax.step(xs, ys, where="post", color="#6e7781", linewidth=0.8, label="Pareto front")
+        graphed = [p for p in points if p.graph_ms is not None]
         for point in points:
             color = KVBITS if _is_kvbits(point) else PEER
             ax.plot([point.ms], [max(point.error, 1e-12)], marker="o", markersize=4, color=color, linestyle="none")
+            if point.graph_ms is not None:
+                label = "replayed from a CUDA graph" if point is graphed[0] else None
+                ax.plot([point.ms, point.graph_ms], [max(point.error, 1e-12)] * 2, color=color, linewidth=0.6,
+                        linestyle=":", marker="o", markersize=4, markerfacecolor="none", markevery=[1],
+                        label=label)
             ax.annotate(clean_text(point.method), (point.ms, max(point.error, 1e-12)), xytext=(3, 3),
                         textcoords="offset points", fontsize=6.5, color=color)
         ax.set_xscale("log")
@@ -101,8 +111,10 @@ def tradeoff_chart(group: str, points: list[Point]) -> Chart:
         ax.set_axisbelow(True)
         ax.legend(loc="upper right", frameon=False, fontsize=6.5)
     on_front = ", ".join(p.method for p in front)
-    caption = (f"{len(points)} methods; on the Pareto front (nothing both faster and more accurate): {on_front}. "
-               f"Error against float64 attention on the original K/V.")
+    graphs = (f" Hollow, joined to its eager point: the step replayed from a CUDA graph "
+              f"({', '.join(p.method for p in graphed)}; the others cannot be captured as they run)." if graphed else "")
+    caption = (f"{len(points)} methods, eager steps; on the Pareto front (nothing both faster and more accurate): "
+               f"{on_front}. Error against float64 attention on the original K/V.{graphs}")
     return Chart("tradeoff", "", clean_text(group), caption, figure_uri(fig),
                  f"decode step time against attention error for {len(points)} methods at {clean_text(group)}")
 
