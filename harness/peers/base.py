@@ -14,21 +14,14 @@ from __future__ import annotations
 import importlib
 import math
 from abc import ABC, abstractmethod
-from importlib import metadata
 
 import torch
 
+from harness.run.env import dist_version  # noqa: F401  (the peers' modules take it from here)
 from kernels._checks import require_dtype, require_int, require_rank, require_tensor
 
 DTYPES = (torch.float16, torch.bfloat16)  # the model dtypes a peer is asked to serve
 
-
-def dist_version(dist: str) -> str | None:
-    """The installed version of distribution ``dist`` (e.g. "flashinfer-python"), None if absent."""
-    try:
-        return metadata.version(dist)
-    except metadata.PackageNotFoundError:
-        return None
 
 
 def cuda_package_missing(device: torch.device, label: str, module: str, dist: str) -> str | None:

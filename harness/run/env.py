@@ -113,16 +113,18 @@ def capture_or_fallback(leg: str | None = None) -> dict:
                 "capture_error": f"{type(exc).__name__}: {exc}"}
 
 
+def dist_version(dist: str) -> str | None:
+    """The installed version of distribution ``dist`` (e.g. "flashinfer-python"; from its metadata,
+    nothing imported), None if absent."""
+    try:
+        return metadata.version(dist)
+    except metadata.PackageNotFoundError:
+        return None
+
+
 def optional_versions(dists=OPTIONAL_DISTRIBUTIONS) -> dict[str, str | None]:
-    """The installed version of each distribution in ``dists`` (from its metadata: nothing is
-    imported), None for one that is not installed."""
-    found = {}
-    for dist in dists:
-        try:
-            found[dist] = metadata.version(dist)
-        except metadata.PackageNotFoundError:
-            found[dist] = None
-    return found
+    """:func:`dist_version` of each distribution in ``dists``."""
+    return {dist: dist_version(dist) for dist in dists}
 
 
 def _version_of(module: str) -> str | None:
