@@ -73,6 +73,23 @@ def _require_count(name: str, value) -> None:
         raise ValueError(f"{name} must be a non-negative int; got {value!r}")
 
 
+def _side_tensors(side: str, batch: int, heads: int, head_dim: int, bits: int, group_size: int, capacity: int,
+                  scale_dtype: torch.dtype, device, zero_from: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(codes, scale, zero) of K (``side`` "k": scales per channel and group of G tokens) or V
+    ("v": per token and group of G channels) for ``capacity`` tokens, zero from token
+    ``zero_from`` on (the layout of :class:`QuantizedKV`; arguments checked by the caller)."""
+    per_token, width = (group_size, head_dim) if side == "k" else (1, head_dim // group_size)
+
+    def tokens(per: int, last: int, dtype: torch.dtype) -> torch.Tensor:
+        x = torch.empty(batch, heads, capacity // per, last, dtype=dtype, device=device)
+        if zero_from < capacity:  # a prompt that fills the capacity costs no call here
+            x[:, :, zero_from // per:].zero_()
+        return x
+
+    return (tokens(1, head_dim * bits // 8, torch.uint8), tokens(per_token, width, scale_dtype),
+            tokens(per_token, width, scale_dtype))
+
+
 @dataclass
 class QuantizedKV(CacheLengths):
     bits: int
@@ -140,25 +157,11 @@ class QuantizedKV(CacheLengths):
         if zero_from < 0 or zero_from % group_size or zero_from > capacity:
             raise ValueError(f"zero_from must be a multiple of group_size={group_size} in [0, capacity={capacity}]; "
                              f"got {zero_from}")
-        row = head_dim * bits // 8
         kw = {"device": device}
-
-        def tokens(per_token: int, *shape: int, dtype: torch.dtype) -> torch.Tensor:
-            """[B, H, capacity / per_token, *shape], zero from token zero_from on."""
-            x = torch.empty(batch, heads, capacity // per_token, *shape, dtype=dtype, **kw)
-            if zero_from < capacity:  # a prompt that fills the capacity costs no call here
-                x[:, :, zero_from // per_token:].zero_()
-            return x
-
         return cls(
-            bits=bits,
-            group_size=group_size,
-            k_codes=tokens(1, row, dtype=torch.uint8),
-            k_scale=tokens(group_size, head_dim, dtype=scale_dtype),
-            k_zero=tokens(group_size, head_dim, dtype=scale_dtype),
-            v_codes=tokens(1, row, dtype=torch.uint8),
-            v_scale=tokens(1, head_dim // group_size, dtype=scale_dtype),
-            v_zero=tokens(1, head_dim // group_size, dtype=scale_dtype),
+            bits, group_size,
+            *_side_tensors("k", batch, heads, head_dim, bits, group_size, capacity, scale_dtype, device, zero_from),
+            *_side_tensors("v", batch, heads, head_dim, bits, group_size, capacity, scale_dtype, device, zero_from),
             k_residual=torch.zeros(batch, heads, group_size, head_dim, dtype=dtype, **kw),
             v_residual=torch.zeros(batch, heads, group_size, head_dim, dtype=dtype, **kw),
             seq_lens=torch.zeros(batch, dtype=torch.int32, **kw),
@@ -313,31 +316,34 @@ def quantize_into(qkv: QuantizedKV, k: torch.Tensor, v: torch.Tensor, token_offs
 def _quantize_groups(qkv: QuantizedKV, k, v, token_offset: int, backend: str, errors: torch.Tensor) -> None:
     """quantize_into's writes, with nothing read back: ``errors`` (int32 [1]) becomes nonzero where a
     group's scale is NaN or overflows the scale dtype."""
-    g = qkv.group_size
-    t = k.shape[2]
-    if t == 0:
+    if k.shape[2] == 0:
         return
     if backend == "triton":
         for name in ("k_codes", "k_scale", "k_zero", "v_codes", "v_scale", "v_zero"):
             if not getattr(qkv, name).is_contiguous():  # the kernel addresses them by their shapes
                 raise ValueError(f"qkv.{name} must be contiguous for backend='triton' (use backend='torch')")
-        for x, codes, scale, zero, per_channel in (
-            (k, qkv.k_codes, qkv.k_scale, qkv.k_zero, True),
-            (v, qkv.v_codes, qkv.v_scale, qkv.v_zero, False),
-        ):
-            _launch_quantize(x, codes, scale, zero, token_offset, g, qkv.bits, per_channel, errors=errors)
-        return
-    rows = slice(token_offset, token_offset + t)
-    groups = slice(token_offset // g, (token_offset + t) // g)
-    for x, codes, scale, zero, per_channel, sel in (
-        (k, qkv.k_codes, qkv.k_scale, qkv.k_zero, True, groups),
-        (v, qkv.v_codes, qkv.v_scale, qkv.v_zero, False, rows),
+    for x, codes, scale, zero, per_channel in (
+        (k, qkv.k_codes, qkv.k_scale, qkv.k_zero, True),
+        (v, qkv.v_codes, qkv.v_scale, qkv.v_zero, False),
     ):
-        c, s, z = _quantize_torch(x, qkv.bits, g, qkv.scale_dtype, per_channel)
-        codes[:, :, rows] = c
-        scale[:, :, sel] = s
-        zero[:, :, sel] = z
-        _flag_non_finite(errors, s)
+        _quantize_side(x, codes, scale, zero, token_offset, qkv.group_size, qkv.bits, per_channel, backend, errors)
+
+
+def _quantize_side(x, codes, scale, zero, token_offset: int, g: int, bits: int, per_channel: bool, backend: str,
+                   errors: torch.Tensor) -> None:
+    """Whole groups x [B, H, T, D] of K (``per_channel``) or V into one side's codes, scale and zero
+    (contiguous for ``backend`` "triton") at ``token_offset``; ``errors`` as _quantize_groups."""
+    if backend == "triton":
+        _launch_quantize(x, codes, scale, zero, token_offset, g, bits, per_channel, errors=errors)
+        return
+    t = x.shape[2]
+    rows = slice(token_offset, token_offset + t)
+    sel = slice(token_offset // g, (token_offset + t) // g) if per_channel else rows
+    c, s, z = _quantize_torch(x, bits, g, scale.dtype, per_channel)
+    codes[:, :, rows] = c
+    scale[:, :, sel] = s
+    zero[:, :, sel] = z
+    _flag_non_finite(errors, s)
 
 
 def _flag_non_finite(errors: torch.Tensor, x: torch.Tensor) -> None:
@@ -397,18 +403,28 @@ def quantize_kv(
     lens = _check_seq_lens(seq_lens, batch, s)
     rows = [slice(None)] if len(set(lens)) <= 1 else [slice(i, i + 1) for i in range(batch)]
     fulls = [(lens[sel.start or 0] if lens else 0) // group_size * group_size for sel in rows]
-    # every row past the shortest quantized prefix is zeroed, the rest is written by the kernels:
-    # no pass over the whole cache before they run
-    qkv = QuantizedKV.empty(
-        batch, heads, d, bits=bits, group_size=group_size, capacity=capacity,
-        dtype=k.dtype, scale_dtype=scale_dtype, device=k.device, zero_from=min(fulls, default=0),
-    )
+    whole = rows == [slice(None)] and fulls[0] > 0  # one write of the batch's groups per side
     errors = torch.zeros(1, dtype=torch.int32, device=k.device)
+    sides = []
+    for x, side in ((k, "k"), (v, "v")):
+        # every row past the shortest quantized prefix is zeroed, the rest is written by the kernels:
+        # no pass over the whole cache before they run
+        tensors = _side_tensors(side, batch, heads, d, bits, group_size, capacity, scale_dtype, k.device,
+                                min(fulls, default=0))
+        if whole:  # launched as soon as its tensors exist: the host's work after it runs beside it
+            _quantize_side(x if fulls[0] == s else x[:, :, :fulls[0]], *tensors, 0, group_size, bits, side == "k",
+                           backend, errors)
+        sides.append(tensors)
+    qkv = QuantizedKV(
+        bits, group_size, *sides[0], *sides[1],
+        k_residual=torch.zeros(batch, heads, group_size, d, dtype=k.dtype, device=k.device),
+        v_residual=torch.zeros(batch, heads, group_size, d, dtype=k.dtype, device=k.device),
+        seq_lens=torch.zeros(batch, dtype=torch.int32, device=k.device),
+    )
     for sel, full in zip(rows, fulls, strict=True):
         n = lens[sel.start or 0] if lens else 0
-        whole = sel == slice(None)  # the batch at once: no views, each a host op before the kernels start
-        kp, vp = (k, v) if whole and full == s else (k[sel, :, :full], v[sel, :, :full])
-        _quantize_groups(qkv if whole else qkv._rows(sel), kp, vp, 0, backend, errors)
+        if not whole:
+            _quantize_groups(qkv._rows(sel), k[sel, :, :full], v[sel, :, :full], 0, backend, errors)
         if n > full:
             for x, window in ((k, qkv.k_residual), (v, qkv.v_residual)):
                 window[sel, :, : n - full] = x[sel, :, full:n]
