@@ -4,9 +4,10 @@ Llama-architecture model with random weights (no download) through :class:`KVBit
 
 Per step, the logits' error (max abs over the vocabulary) against a float64 forward of the same
 model over the same tokens (teacher forcing: a token flipped by quantization does not carry
-over into later steps' errors) is within a bound derived from the float reference; the
-prompt's step, exact attention in both, gives the DynamicCache run's logits bit for bit; the
-first step where the greedy tokens differ from the DynamicCache run is recorded. Also: a
+over into later steps' errors) stays within bounds derived from the float reference (the run's
+worst step and its median step); the prompt's step, exact attention in both, gives the
+DynamicCache run's logits bit for bit; the first step where the greedy tokens differ from the
+DynamicCache run is recorded. Also: a
 left-padded batch of two against each row alone, sampling, the fused decode in the Triton
 interpreter, transformers' own QuantizedCache at equal bits (where its backend is installed),
 every configuration the cache refuses, and what transformers makes of this repository's
@@ -46,10 +47,15 @@ from harness.peers.base import dist_version  # noqa: E402
 from kernels.integrations.transformers import ATTENTION_NAME, KVBitsCache  # noqa: E402
 
 PAD = 0  # the pad token id (never drawn into a prompt)
-# Measured at the CPU size: the 3-bit cache's logit error is about 1.9 float64-logit standard
-# deviations over 2^bits - 1 levels (0.2 at 2 bits, 0.087 at 3, 0.042 at 4, logits' std 0.32);
-# the bound allows twice that, above the dtype's own error.
-QUANT_SPREAD = 4.0
+# Measured at the CPU size on 30 random models per configuration (fp16 at 2, 3 and 4 bits, bf16 at
+# 3), in units of the float64 logits' standard deviation over 2^bits - 1 levels (0.1 at 2 bits,
+# 0.043 at 3, 0.02 at 4; logits' std 0.3): a step's logit error is about 1.9 units, the worst step
+# of a run up to 3.9 (one model of another 30 reached 4.3: the max over the vocabulary is
+# heavy-tailed), the median step of a run up to 2.0. The bounds allow about twice the worst of
+# each, above the dtype's own error: a cache attending the wrong tokens is off by the logits' own
+# spread in every step.
+WORST_STEP_SPREAD = 8.0
+MEDIAN_STEP_SPREAD = 4.0
 
 
 @dataclass(frozen=True)
@@ -133,8 +139,20 @@ def _first_difference(a: torch.Tensor, b: torch.Tensor, start: int) -> int | Non
     return int(differ[0]) if len(differ) else None
 
 
-def _bound(floor: float, ref: torch.Tensor, bits: int) -> float:
-    return floor + QUANT_SPREAD * float(ref.std()) / (2**bits - 1)
+def _unit(ref: torch.Tensor, bits: int) -> float:
+    """The float64 logits' standard deviation over the 2^bits - 1 quantization levels."""
+    return float(ref.std()) / (2**bits - 1)
+
+
+def _bounds(floor: float, ref: torch.Tensor, bits: int) -> dict:
+    """The bounds of a run's per-step logit errors: its worst step and its median step."""
+    return {"worst": floor + WORST_STEP_SPREAD * _unit(ref, bits), "median": floor + MEDIAN_STEP_SPREAD * _unit(ref, bits)}
+
+
+def _check_within(err: torch.Tensor, bounds: dict) -> None:
+    worst, median = float(err.max()), float(err.median())
+    assert worst <= bounds["worst"], f"worst step's logit error {worst:.4g} > bound {bounds['worst']:.4g}"
+    assert median <= bounds["median"], f"median step's logit error {median:.4g} > bound {bounds['median']:.4g}"
 
 
 def _kvbits_cache(model, size: Size, bits: int = 3, **kw) -> KVBitsCache:
@@ -151,7 +169,7 @@ def _quantized_reference(model, model64, ids, size: Size, bits: int) -> dict:
     err = _step_errors(logits, ref)
     floor = float(_step_errors(same_dtype, ref).max())
     return {"seq": seq, "logits": logits, "ref": ref, "err": err, "floor": floor, "cache": cache,
-            "bound": _bound(floor, ref, bits)}
+            "bounds": _bounds(floor, ref, bits)}
 
 
 # ----------------------------------------------------------------------------- 1. generate
@@ -163,8 +181,8 @@ GENERATE = [pytest.param(dtype, 3, id=f"{name}-b3") for name, dtype in DTYPES.it
 @pytest.mark.parametrize(("dtype", "bits"), GENERATE)
 def test_greedy_generation_against_the_float_reference(record, seed, device, dtype, bits):
     """Greedy generate with KVBitsCache: the prompt's step equals the DynamicCache run's logits bit
-    for bit (exact attention in both); every step's logit error against float64 teacher forcing
-    is within the bound; the cache holds prompt + new - 1 tokens per sequence. At the size the
+    for bit (exact attention in both); the logit error against float64 teacher forcing of the
+    worst step and of the median step within their bounds; the cache holds prompt + new - 1 tokens per sequence. At the size the
     bound was measured on, on every device (REFERENCE_SIZE)."""
     record.backend, record.device, record.variant = "kvbits", device, f"{str(dtype)[6:]}-b{bits}"
     size = REFERENCE_SIZE
@@ -174,12 +192,13 @@ def test_greedy_generation_against_the_float_reference(record, seed, device, dty
     dyn_seq, dyn_logits = _generate(model, ids, new=size.new, cache=DynamicCache(config=model.config))
     err = run["err"]
     record.add(logit_err_per_step=[round(float(e), 5) for e in err], max_abs_err=float(err.max()),
-               prompt_step_err=float(err[0]), dtype_floor=run["floor"], bound=run["bound"],
+               prompt_step_err=float(err[0]), dtype_floor=run["floor"], bound=run["bounds"]["worst"],
+               median_step_err=float(err.median()), median_bound=run["bounds"]["median"],
                ref_logit_std=float(run["ref"].std()),
                first_token_difference=_first_difference(run["seq"], dyn_seq, size.prompt),
                cache_bytes=run["cache"].nbytes(), prompt=size.prompt, new=size.new)
     assert torch.equal(run["logits"][:, 0], dyn_logits[:, 0]), "the prompt's step must be exact attention"
-    assert float(err.max()) <= run["bound"], f"logit error {float(err.max()):.4g} > bound {run['bound']:.4g}"
+    _check_within(err, run["bounds"])
     for layer in run["cache"].layers:
         assert layer.paged.lengths() == [size.prompt + size.new - 1]
     assert run["cache"].get_seq_length() == size.prompt + size.new - 1
@@ -218,10 +237,11 @@ def test_sampling_against_the_float_reference(record, seed, device):
                          sample_seed=seed)
     ref = _teacher_forced(model64, seq, size.prompt)
     err = _step_errors(logits, ref)
-    bound = _bound(float(_step_errors(_teacher_forced(model, seq, size.prompt), ref).max()), ref, 3)
-    record.add(max_abs_err=float(err.max()), bound=bound)
+    bounds = _bounds(float(_step_errors(_teacher_forced(model, seq, size.prompt), ref).max()), ref, 3)
+    record.add(max_abs_err=float(err.max()), bound=bounds["worst"], median_step_err=float(err.median()),
+               median_bound=bounds["median"])
     assert torch.equal(seq, again), "a seeded sampling run must repeat"
-    assert float(err.max()) <= bound, f"logit error {float(err.max()):.4g} > bound {bound:.4g}"
+    _check_within(err, bounds)
 
 
 # ----------------------------------------------------------------------------- 2. padding
@@ -255,11 +275,11 @@ def test_left_padded_batch_matches_each_row_alone(record, seed, device, dtype):
         ref = _teacher_forced(model64, alone_seq, row.shape[1])
         quant = max(quant, float(_step_errors(alone_logits, ref).max()))
         record.add(**{f"row{i}_first_token_difference": first})
-    bound = _bound(0.0, logits, 3)
-    record.add(max_abs_err=worst, quant_err=quant, short=short, tolerance=bound / 4)
+    tolerance = _unit(logits, 3)
+    record.add(max_abs_err=worst, quant_err=quant, short=short, tolerance=tolerance)
     # pads attended would move the short row's logits by about the logits' own spread; what is
     # left is the prompt's rounding in another batch shape, flipping a few codes
-    assert worst <= bound / 4, f"padded row vs alone: {worst:.4g} > {bound / 4:.4g}"
+    assert worst <= tolerance, f"padded row vs alone: {worst:.4g} > {tolerance:.4g}"
 
 
 # ----------------------------------------------------------------------------- 3. interpreter
@@ -309,10 +329,10 @@ def test_against_transformers_quantized_cache(record, seed, device, backend, mod
                             residual_length=size.group)
     seq, logits = _generate(model, ids, new=size.new, cache=theirs)
     their_err = _step_errors(logits, _teacher_forced(model64, seq, size.prompt))
-    record.add(max_abs_err=float(ours["err"].max()), quantized_cache_err=float(their_err.max()), bound=ours["bound"],
-               cache_bytes=ours["cache"].nbytes())
-    assert float(ours["err"].max()) <= ours["bound"]
-    assert float(their_err.max()) <= ours["bound"] * 2, "QuantizedCache far off: is the comparison set up right?"
+    record.add(max_abs_err=float(ours["err"].max()), quantized_cache_err=float(their_err.max()),
+               bound=ours["bounds"]["worst"], cache_bytes=ours["cache"].nbytes())
+    _check_within(ours["err"], ours["bounds"])
+    assert float(their_err.max()) <= ours["bounds"]["worst"], "QuantizedCache far off: is the comparison set up right?"
 
 
 # ----------------------------------------------------------------------------- 5. bad input
