@@ -24,18 +24,21 @@ sys.path[:0] = [str(ROOT), str(ROOT / "suites")]
 
 import torch  # noqa: E402
 from decode_loop_support import (  # noqa: E402
-    fp16_batch,
     fp16_steps,
     kvbits_steps,
     percentiles,
     prompt_cache,
+    serving_arrivals,
     serving_batch,
+    serving_max_len,
     step_inputs,
     timed_steps,
 )
 
 import kernels  # noqa: E402
+from harness.peers.serving import SdpaServer  # noqa: E402
 from kernels.decode import reference_decode  # noqa: E402
+from suites.peers_support import KvbitsServer  # noqa: E402
 
 START = time.perf_counter()
 
@@ -115,9 +118,11 @@ def kvbits_case(b, hq, hkv, s, d, steps):
 
 
 def serving(steps):
-    size = dict(sequences=32, prompts=(1024, 16384), q_heads=32, kv_heads=8, dim=128, device="cuda")
-    served = serving_batch(steps, new_tokens=(64, 1024), **size)
-    served["fp16_per_sequence"] = fp16_batch(min(steps, 256), **size)
+    arrivals = serving_arrivals(steps, sequences=32, prompts=(1024, 16384), new_tokens=(64, 1024))
+    problem = (32, 32, 8, 128, serving_max_len(arrivals))
+    served = serving_batch(lambda: KvbitsServer(3, *problem, device="cuda"), arrivals, steps)
+    fp16 = serving_batch(lambda: SdpaServer("flash", *problem, device="cuda"), arrivals, min(steps, 256))
+    served["fp16_per_sequence"] = {key: fp16[key] for key in ("tokens_per_s", "step_ms", "nbytes")}
     served.pop("lengths")
     return served
 

@@ -325,3 +325,38 @@ def capture_qkv(model: MiniBert, ids: torch.Tensor) -> list:
             for n in ("query", "key", "value")
         ))
     return out
+
+
+TEXT = (
+    "Large language models generate text one token at a time, and every new token attends to the "
+    "keys and values of all the tokens before it. Keeping those keys and values in memory is what "
+    "limits the batch size of a decoding server, so engineers compress the cache to a few bits per "
+    "number. Keys tend to have a handful of channels with very large magnitudes, while values are "
+    "spread more evenly; that is why keys are quantized per channel and values per token. "
+    "The river flooded the valley after three days of heavy rain, and the villagers moved their "
+    "sheep to the hills. A violinist practiced scales in the empty concert hall before the "
+    "evening rehearsal. The committee postponed its decision on the new railway line until the "
+    "spring, citing rising costs and objections from farmers along the route. Photosynthesis "
+    "converts light into chemical energy stored in sugars, releasing oxygen as a by-product. "
+    "In 1969 two astronauts walked on the Moon while a third orbited above them. She ordered a "
+    "coffee with oat milk, opened her laptop, and started to debug the failing test. "
+    "Mountains, deserts and oceans shape the climate of every continent in different ways. "
+    "The bakery on the corner sells bread made from flour milled in the next town, and the queue "
+    "forms before sunrise. Children in the library were reading about volcanoes, glaciers and the "
+    "slow movement of tectonic plates. The orchestra tuned to a single note from the oboe."
+)
+TOKENS = 256  # activations of the first 256 tokens: whole groups for every G
+
+
+def minilm_activations():
+    """(model, tokenizer, layers) of all-MiniLM-L6-v2 run on TEXT, or None where the package is
+    not installed: layers holds one (q, k, v) per layer, each fp32 [1, 12, TOKENS, 32]."""
+    folder = minilm_dir()
+    if folder is None:
+        return None
+    model, tokenizer = load_minilm(folder)
+    ids = tokenizer.encode(TEXT)
+    if tokenizer.vocab["[UNK]"] in ids or len(ids) < TOKENS:
+        raise ValueError(f"TEXT must encode to at least {TOKENS} known word pieces; got {len(ids)}")
+    layers = capture_qkv(model, torch.tensor([ids]))
+    return model, tokenizer, [tuple(t[:, :, :TOKENS] for t in qkv) for qkv in layers]

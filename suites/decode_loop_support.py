@@ -222,100 +222,86 @@ def fp16_steps(batch: int, q_heads: int, kv_heads: int, seq: int, dim: int, step
     return figures
 
 
-def serving_batch(steps: int, *, sequences: int, prompts: tuple[int, int], new_tokens: tuple[int, int],
-                  q_heads: int, kv_heads: int, dim: int, device, seed: int = 5) -> dict:
-    """A serving batch: ``sequences`` live sequences with prompts of ``prompts`` tokens (a range),
-    each finishing after ``new_tokens`` new ones (a range) and replaced by a new sequence with a
-    fresh prompt, one eager step (append + attend, a new plan when the batch changes) at a time.
-    Returns decode tokens per second, per-step percentiles (wall clock, synchronized), the median
-    host time to issue a step (before its synchronization), prefill seconds and the pool's bytes."""
+def serving_arrivals(steps: int, *, sequences: int, prompts: tuple[int, int], new_tokens: tuple[int, int],
+                     seed: int = 5) -> list[tuple[int, int]]:
+    """(prompt tokens, new tokens) of every sequence a serving batch of ``sequences`` live ones can
+    start in ``steps`` steps: prompts drawn from the range ``prompts``, new tokens from ``new_tokens``
+    (fixed seed: every method serves the same arrivals)."""
     import random
 
+    require_positive("steps", steps)
     rnd = random.Random(seed)
+    return [(rnd.randint(*prompts), rnd.randint(*new_tokens))
+            for _ in range(require_positive("sequences", sequences) * (2 + steps // new_tokens[0]))]
+
+
+def serving_max_len(arrivals: list[tuple[int, int]]) -> int:
+    """The longest a sequence of these arrivals grows (its prompt, its new tokens and one more)."""
+    return max(p + n for p, n in arrivals) + 1
+
+
+def serving_batch(make, arrivals: list[tuple[int, int]], steps: int, *, seed: int = 5) -> dict:
+    """A serving batch on the server ``make()`` returns (a :class:`harness.peers.serving.Server` for
+    up to max_seqs sequences of :func:`serving_max_len` tokens): the first max_seqs arrivals join
+    with random prompts, and each sequence, once it has its new tokens, is freed and replaced by
+    the next arrival; one eager step (append one token to every live sequence, attend one query
+    each) at a time, synchronized. The same schedule runs first, untimed, on a server of its own:
+    every kernel specialization and plan the timed run meets is compiled there, as a server
+    warms up before it serves. Returns decode tokens per second, per-step percentiles (wall
+    clock), the median host time to issue a step (before its synchronization), prefill seconds,
+    the storage's bytes, the lengths at the end and whether the last step's output is finite."""
+    require_positive("steps", steps)
+    warm = make()
+    _serve(warm, arrivals, steps, seed)
+    del warm  # its storage goes before the timed server's is allocated
+    server = make()
+    return {**_serve(server, arrivals, steps, seed), "nbytes": server.nbytes(), "lengths": server.lengths()}
+
+
+def _serve(server, arrivals: list[tuple[int, int]], steps: int, seed: int) -> dict:
+    device = server.device
     gen = torch.Generator(device=device).manual_seed(seed)
-    arrivals = [(rnd.randint(*prompts), rnd.randint(*new_tokens))
-                for _ in range(sequences * (2 + steps // new_tokens[0]))]  # every join the steps can need
-    longest = max(p + n for p, n in arrivals) + 1
-    cache = PagedKVCache(sequences * (-(-longest // PAGE) + 1), PAGE, kv_heads, dim, max_seqs=sequences,
-                         device=device)
     queue = iter(arrivals)
     left: dict[int, int] = {}
     prefill = 0.0
+    h, d = server.kv_heads, server.head_dim
 
     def sync():
-        if device == "cuda":
+        if device.type == "cuda":
             torch.cuda.synchronize()
 
     def join():
         nonlocal prefill
         prompt, new = next(queue)
-        k = torch.randn(kv_heads, prompt, dim, generator=gen, device=device, dtype=torch.float16)
+        k = torch.randn(h, prompt, d, generator=gen, device=device, dtype=server.dtype)
         sync()
         t0 = time.perf_counter()
-        left[cache.add_sequence(k, k.clone())] = new
+        left[server.add_sequence(k, k.clone())] = new
         sync()
         prefill += time.perf_counter() - t0
 
-    for _ in range(sequences):
+    for _ in range(server.max_seqs):
         join()
-    tok = torch.randn(sequences, kv_heads, dim, generator=gen, device=device, dtype=torch.float16)
-    q = torch.randn(sequences, q_heads, dim, generator=gen, device=device, dtype=torch.float16)
+    tok = torch.randn(server.max_seqs, h, d, generator=gen, device=device, dtype=server.dtype)
+    q = torch.randn(server.max_seqs, server.q_heads, d, generator=gen, device=device, dtype=server.dtype)
     per_step, issue, generated = [], [], 0
     for _ in range(steps):
-        n = len(cache.sequences)
+        n = len(server.sequences)
         sync()
         t0 = time.perf_counter()
-        cache.append(tok[:n], tok[:n])
-        cache.attend(q[:n])
+        server.append(tok[:n], tok[:n])
+        out = server.attend(q[:n])
         issued = time.perf_counter()
         sync()
         per_step.append((time.perf_counter() - t0) * 1e3)
         issue.append((issued - t0) * 1e3)
         generated += n
-        for sid in cache.sequences:
+        for sid in server.sequences:
             left[sid] -= 1
             if left[sid] == 0:
                 del left[sid]
-                cache.free(sid)
+                server.free(sid)
                 join()
-    cache.check_errors()
+    server.check_errors()
     return {"tokens_per_s": generated / (sum(per_step) / 1e3), "step_ms": percentiles(per_step),
-            "issue_ms": statistics.median(issue), "prefill_s": prefill, "nbytes": cache.nbytes(),
-            "lengths": cache.lengths()}
-
-
-def fp16_batch(steps: int, *, sequences: int, prompts: tuple[int, int], q_heads: int, kv_heads: int, dim: int,
-               device, seed: int = 5) -> dict:
-    """The fp16 counterpart of a serving batch's steps: a preallocated fp16 cache per sequence, the
-    token written at its length and flash SDPA over each sequence's own tokens (torch has no
-    ragged decode call: one SDPA per sequence). Tokens per second over ``steps`` synchronized
-    steps."""
-    import random
-
-    from torch.nn.attention import SDPBackend, sdpa_kernel
-
-    rnd = random.Random(seed)
-    gen = torch.Generator(device=device).manual_seed(seed)
-    lens = [rnd.randint(*prompts) for _ in range(sequences)]
-    longest = max(lens) + steps + 1
-    ck = torch.randn(sequences, kv_heads, longest, dim, generator=gen, device=device, dtype=torch.float16)
-    cv = torch.randn_like(ck)
-    tok = torch.randn(sequences, kv_heads, dim, generator=gen, device=device, dtype=torch.float16)
-    q = torch.randn(sequences, q_heads, 1, dim, generator=gen, device=device, dtype=torch.float16)
-    backends = [SDPBackend.FLASH_ATTENTION] if device == "cuda" else [SDPBackend.MATH]
-    per_step = []
-    for _ in range(steps):
-        if device == "cuda":
-            torch.cuda.synchronize()
-        t0 = time.perf_counter()
-        for i, n in enumerate(lens):
-            ck[i, :, n] = tok[i]
-            cv[i, :, n] = tok[i]
-            with sdpa_kernel(backends):
-                F.scaled_dot_product_attention(q[i:i + 1], ck[i:i + 1, :, :n + 1], cv[i:i + 1, :, :n + 1],
-                                               enable_gqa=q_heads != kv_heads)
-        lens = [n + 1 for n in lens]
-        if device == "cuda":
-            torch.cuda.synchronize()
-        per_step.append((time.perf_counter() - t0) * 1e3)
-    return {"tokens_per_s": sequences * steps / (sum(per_step) / 1e3), "step_ms": percentiles(per_step)}
+            "issue_ms": statistics.median(issue), "prefill_s": prefill, "finite": bool(torch.isfinite(out).all())}

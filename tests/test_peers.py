@@ -250,7 +250,8 @@ def test_fp8_pages_keep_e4m3_precision():
 
 
 def test_plan_args():
-    args, kwargs = paged.plan_args([20, 20], 16, 2, HQ, HKV, D, torch.float16, torch.float8_e4m3fn, 0.125)
+    table = paged.page_table([20, 20], 16, 2)
+    args, kwargs = paged.plan_args(table, 16, HQ, HKV, D, torch.float16, torch.float8_e4m3fn, 0.125)
     indptr, indices, last, *rest = args
     assert indptr.tolist() == [0, 2, 4] and indices.tolist() == [0, 1, 2, 3] and last.tolist() == [4, 4]
     assert rest == [HQ, HKV, D, 16]
@@ -276,9 +277,11 @@ class FakeDecodeWrapper:
     def run(self, q, paged_kv_cache, *, k_scale=None, v_scale=None):
         k_pool, v_pool = paged_kv_cache
         assert k_pool.dtype == self.kw["kv_data_type"] and q.dtype == self.kw["q_data_type"]
-        ks = torch.stack(paged.from_pages(k_pool.float(), *self.table)) * (k_scale or 1.0)
-        vs = torch.stack(paged.from_pages(v_pool.float(), *self.table)) * (v_scale or 1.0)
-        return reference(q, ks, vs).to(q.dtype)
+        ks = paged.from_pages(k_pool.float(), *self.table)
+        vs = paged.from_pages(v_pool.float(), *self.table)
+        outs = [reference(q[b:b + 1], ks[b][None] * (k_scale or 1.0), vs[b][None] * (v_scale or 1.0))
+                for b in range(q.shape[0])]  # one sequence at a time: the lengths may differ
+        return torch.cat(outs).to(q.dtype)
 
 
 def fake_flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, cache_seqlens=None, softmax_scale=None):
@@ -357,7 +360,7 @@ def test_availability_on_cpu():
 def test_missing_names_the_package(monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     for module, peer, package in ((
-            "flashinfer", FlashInferPeer(1, 2, 1, 16, 8, device="cuda"), "flashinfer-python"),
+            "flashinfer", FlashInferPeer(1, 2, 1, 64, 8, device="cuda"), "flashinfer-python"),
             ("flash_attn", FlashAttnPeer(1, 2, 1, 16, 8, device="cuda"), "flash-attn")):
         monkeypatch.setitem(sys.modules, module, None)  # None in sys.modules: the import fails
         assert package in peer.missing()
@@ -365,6 +368,8 @@ def test_missing_names_the_package(monkeypatch):
                                   ("hqq", "hf-hqq-3", "hqq")):
         monkeypatch.setitem(sys.modules, module, None)
         assert package in PEERS[name](1, 2, 1, 16, 8).missing()
+    # a head_dim FlashInfer's kernels do not dispatch on: said before the package is looked for
+    assert "head_dim" in FlashInferPeer(1, 2, 1, 32, 8, device="cuda").missing()
 
 
 # --- bad input ------------------------------------------------------------------------------------

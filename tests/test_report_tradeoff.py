@@ -17,6 +17,7 @@ from harness.report.tradeoff import (
     MODEL,
     Point,
     memory_rows,
+    method_rows,
     pareto_front,
     tradeoff_charts,
     tradeoff_points,
@@ -132,14 +133,16 @@ def test_the_peers_benchmark_feeds_the_section(tmp_path):
                          text=True, timeout=600)
     assert run.returncode == 0, run.stdout[-4000:] + run.stderr[-2000:]
     summary = summarize(load_results([out]))
-    records = {record.variant: record for _, record in summary.results.pairs()}
+    every = {record.variant: record for _, record in summary.results.pairs()}
+    records = {name: r for name, r in every.items() if not name.startswith(("serving-", "activations-"))}
     assert sorted(records) == sorted(m for m in METHODS if m != "flex" and not m.startswith("hf-"))
-    assert {r.suite for r in records.values()} == {"bench_peers"}
+    assert {r.suite for r in every.values()} == {"bench_peers"}
     ran = sorted(name for name, r in records.items() if r.outcome == "passed")
     assert {"kvbits2", "kvbits3", "kvbits4", "sdpa-math"} <= set(ran)
-    for name, record in records.items():
+    for name, record in every.items():
         assert record.outcome in ("passed", "skipped"), (name, record.message)
-        assert record.outcome == "passed" or record.message.startswith(f"{name}: "), (name, record.message)
+        method = name.removeprefix("serving-").removeprefix("activations-")
+        assert record.outcome == "passed" or record.message.startswith(f"{method}: "), (name, record.message)
     assert "needs a CUDA device" in records["sdpa-flash"].message
     assert records["sdpa-math"].metrics["reference"] is True and records["kvbits3"].metrics["reference"] is False
     ((group, points),) = tradeoff_points(summary).items()
@@ -147,3 +150,37 @@ def test_the_peers_benchmark_feeds_the_section(tmp_path):
     assert sorted(p.method for p in points) == ran
     rows = {row["method"]: row for row in memory_rows(summary)}
     assert rows["kvbits3"]["bits_per_element"] == "3.50" and rows["sdpa-math"]["bits_per_element"] == "16.00"
+    # the serving batch ran kvbits and SDPA's math backend; flash-attn has no server and says why
+    served = {row["method"]: row for row in method_rows(summary) if row["serving"]}
+    assert {"kvbits2", "kvbits3", "kvbits4", "sdpa-math"} <= set(served)
+    assert "no ragged adapter" in every["serving-flash-attn"].message
+    if every["activations-kvbits3"].outcome == "passed":  # the accuracy suite's model is installed
+        assert float(every["activations-kvbits3"].metrics["attn_rel_err_real"]) < 0.5
+
+
+def _serving(name, tokens_per_s, nbytes):
+    return rec("bench_peers", f"test_bench_peer_serving[{name}]", backend="peer", variant=f"serving-{name}",
+               device="cuda:0", metrics={"method": name, "tokens_per_s": tokens_per_s, "ms": 0.25, "p99_ms": 0.5,
+                                         "nbytes": nbytes})
+
+
+def _real(name, err, worst):
+    return rec("bench_peers", f"test_peer_error_on_activations[{name}]", backend="peer",
+               variant=f"activations-{name}", device="cuda:0",
+               metrics={"method": name, "attn_rel_err_real": err, "attn_rel_err_real_max": worst})
+
+
+def test_serving_and_real_error_rows(tmp_path):
+    records = [*METHODS, _serving("sdpa-flash", 10_000.0, 4.4e9), _serving("kvbits3", 130_000.0, 1.1e9),
+               _real("kvbits3", 0.2, 0.32), _real("hf-hqq-4", 0.165, 0.21),
+               rec("bench_peers", "test_bench_peer_serving[flex]", "skipped", backend="peer",
+                   variant="serving-flex", device="cuda:0", metrics={})]
+    rows = method_rows(_summary(tmp_path, records))
+    assert [r["method"] for r in rows] == ["kvbits3", "sdpa-flash", "hf-hqq-4"]  # servers, fastest first
+    kv, fp16, hqq = rows
+    assert kv["serving"] == "130,000" and kv["gb"] == "1.10" and kv["real"] == "0.200" and kv["real_max"] == "0.320"
+    assert fp16["serving"] == "10,000" and fp16["real"] == ""
+    assert hqq["real"] == "0.165" and hqq["serving"] == ""
+    html = render_html(_summary(tmp_path, records))
+    assert 'id="serving-and-real-error"' in html and "130,000" in html
+    assert method_rows(_summary(tmp_path / "timing-only", METHODS)) == []  # the timing records alone make no row

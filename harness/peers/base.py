@@ -36,7 +36,27 @@ def cuda_package_missing(device: torch.device, label: str, module: str, dist: st
     return None
 
 
-class Peer(ABC):
+class Method(ABC):
+    """What every decode method says of itself, as a peer (:class:`Peer`) or a serving batch's
+    server (:class:`harness.peers.serving.Server`)."""
+
+    name: str = "method"
+    bits: int = 16  # bits per stored K/V element
+
+    @abstractmethod
+    def missing(self) -> str | None:
+        """None when the method can run here, else why not (the package/version or device missing)."""
+
+    @abstractmethod
+    def version(self) -> str:
+        """The method's package version, for the report's environment table."""
+
+    @abstractmethod
+    def bytes_per_token(self) -> float:
+        """Bytes the method stores per token of one sequence, across the K/V heads of one layer."""
+
+
+class Peer(Method):
     """One layer's K/V cache and decode attention in a peer's storage.
 
     Constructed with the problem only (nothing allocated: :meth:`missing` can be asked first):
@@ -46,38 +66,19 @@ class Peer(ABC):
     """
 
     name: str = "peer"
-    bits: int = 16  # bits per stored K/V element
     graph_capturable: bool = False  # append + attend capturable in one CUDA graph as is
 
     def __init__(self, batch: int, q_heads: int, kv_heads: int, head_dim: int, capacity: int,
                  dtype: torch.dtype = torch.float16, device: str | torch.device = "cpu"):
-        for arg, value in (("batch", batch), ("q_heads", q_heads), ("kv_heads", kv_heads),
-                           ("head_dim", head_dim), ("capacity", capacity)):
-            if require_int(arg, value) <= 0:
-                raise ValueError(f"{arg} must be positive; got {value}")
-        if q_heads % kv_heads:
-            raise ValueError(f"q_heads ({q_heads}) must be a multiple of kv_heads ({kv_heads})")
-        if dtype not in DTYPES:
-            raise TypeError(f"dtype must be torch.float16 or torch.bfloat16; got {dtype}")
+        check_problem(batch=batch, q_heads=q_heads, kv_heads=kv_heads, head_dim=head_dim, capacity=capacity,
+                      dtype=dtype)
         self.batch, self.q_heads, self.kv_heads = batch, q_heads, kv_heads
         self.head_dim, self.capacity, self.dtype = head_dim, capacity, dtype
         self.device = torch.device(device)
         self.sm_scale = 1.0 / math.sqrt(head_dim)
         self.length = 0  # tokens per sequence so far
 
-    # --- what a subclass provides -------------------------------------------------------------
-
-    @abstractmethod
-    def missing(self) -> str | None:
-        """None when the peer can run here, else why not (the package/version or device missing)."""
-
-    @abstractmethod
-    def version(self) -> str:
-        """The peer package's version, for the report's environment table."""
-
-    @abstractmethod
-    def bytes_per_token(self) -> float:
-        """Bytes the peer stores per token of one sequence, across the K/V heads of one layer."""
+    # --- what a subclass provides (and Method's missing, version, bytes_per_token) ---------------
 
     @abstractmethod
     def _load(self, k: torch.Tensor, v: torch.Tensor) -> None: ...
@@ -136,12 +137,28 @@ class Peer(ABC):
         self.length = length
 
     def _check(self, arg: str, t, shape: tuple[int | None, ...]) -> None:
-        """t a tensor of ``dtype`` on ``device`` with ``shape`` (None: any size there)."""
-        require_tensor(arg, t)
-        require_rank(arg, t, len(shape))
-        if any(want is not None and got != want for got, want in zip(t.shape, shape, strict=True)):
-            want = ", ".join("*" if s is None else str(s) for s in shape)
-            raise ValueError(f"{arg} must have shape [{want}]; got {tuple(t.shape)}")
-        require_dtype(arg, t, (self.dtype,))
-        if t.device.type != self.device.type:
-            raise ValueError(f"{arg} must be on {self.device}; got {t.device}")
+        check_tokens(arg, t, shape, self.dtype, self.device)
+
+
+def check_problem(*, dtype: torch.dtype, **sizes: int) -> None:
+    """The sizes of a peer's or a server's problem positive ints (``q_heads`` a multiple of
+    ``kv_heads``), ``dtype`` one of DTYPES: TypeError/ValueError naming the argument otherwise."""
+    for arg, value in sizes.items():
+        if require_int(arg, value) <= 0:
+            raise ValueError(f"{arg} must be positive; got {value}")
+    if sizes["q_heads"] % sizes["kv_heads"]:
+        raise ValueError(f"q_heads ({sizes['q_heads']}) must be a multiple of kv_heads ({sizes['kv_heads']})")
+    if dtype not in DTYPES:
+        raise TypeError(f"dtype must be torch.float16 or torch.bfloat16; got {dtype}")
+
+
+def check_tokens(arg: str, t, shape: tuple[int | None, ...], dtype: torch.dtype, device: torch.device) -> None:
+    """t a tensor of ``dtype`` on ``device``'s type with ``shape`` (None: any size there)."""
+    require_tensor(arg, t)
+    require_rank(arg, t, len(shape))
+    if any(want is not None and got != want for got, want in zip(t.shape, shape, strict=True)):
+        want = ", ".join("*" if s is None else str(s) for s in shape)
+        raise ValueError(f"{arg} must have shape [{want}]; got {tuple(t.shape)}")
+    require_dtype(arg, t, (dtype,))
+    if t.device.type != device.type:
+        raise ValueError(f"{arg} must be on {device}; got {t.device}")

@@ -91,13 +91,74 @@ def to_fp8(x: torch.Tensor, scale: float) -> torch.Tensor:
     return (x.float() / scale).to(FP8)
 
 
-def plan_args(lengths: Sequence[int], page_size: int, pages_per_seq: int, q_heads: int, kv_heads: int,
-              head_dim: int, q_dtype: torch.dtype, kv_dtype: torch.dtype, sm_scale: float
-              ) -> tuple[tuple, dict]:
-    """The arguments of ``BatchDecodeWithPagedKVCacheWrapper.plan`` (flashinfer 0.6) for these
-    lengths: (indptr, indices, last_page_len, num_qo_heads, num_kv_heads, head_dim, page_size)
-    and the keywords (q/kv/output dtypes, softmax scale)."""
-    indptr, indices, last = page_table(lengths, page_size, pages_per_seq)
-    args = (indptr, indices, last, q_heads, kv_heads, head_dim, page_size)
-    return args, {"q_data_type": q_dtype, "kv_data_type": kv_dtype, "o_data_type": q_dtype,
-                  "sm_scale": sm_scale}
+def plan_args(table: tuple[torch.Tensor, torch.Tensor, torch.Tensor], page_size: int, q_heads: int, kv_heads: int,
+              head_dim: int, q_dtype: torch.dtype, kv_dtype: torch.dtype, sm_scale: float) -> tuple[tuple, dict]:
+    """The arguments of ``BatchDecodeWithPagedKVCacheWrapper.plan`` (flashinfer 0.6) for a page
+    table (indptr, indices, last_page_len: :func:`page_table`, :meth:`PagePool.page_table`):
+    (indptr, indices, last_page_len, num_qo_heads, num_kv_heads, head_dim, page_size) and the
+    keywords (q/kv/output dtypes, softmax scale)."""
+    return (*table, q_heads, kv_heads, head_dim, page_size), {
+        "q_data_type": q_dtype, "kv_data_type": kv_dtype, "o_data_type": q_dtype, "sm_scale": sm_scale}
+
+
+class PagePool:
+    """Pages of a pool of ``num_pages`` pages of ``page_size`` tokens handed to the rows of a
+    serving batch as their tokens reach them, and taken back when a row is freed (vLLM's block
+    manager, on the host): ``table`` int32 [max_seqs, max_pages_per_seq] holds each row's pages in
+    order (-1 past them). Token i of a row sits at slot ``table[row, i // page_size] * page_size +
+    i % page_size`` of the pool flattened to [num_pages * page_size, Hkv, D]."""
+
+    def __init__(self, num_pages: int, page_size: int, max_seqs: int, max_pages_per_seq: int):
+        for name, value in (("num_pages", num_pages), ("page_size", page_size), ("max_seqs", max_seqs),
+                            ("max_pages_per_seq", max_pages_per_seq)):
+            if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+                raise ValueError(f"{name} must be a positive int; got {value!r}")
+        self.num_pages, self.page_size = num_pages, page_size
+        self.table = torch.full((max_seqs, max_pages_per_seq), -1, dtype=torch.int32)
+        self.used = [0] * max_seqs  # pages of each row
+        self._free = list(range(num_pages - 1, -1, -1))  # popped from the end: page 0 first
+
+    @property
+    def free_pages(self) -> int:
+        return len(self._free)
+
+    def slots(self, rows: Sequence[int], held: Sequence[int], counts: Sequence[int]) -> torch.Tensor:
+        """Slots (int64 [sum of counts], rows in order) of tokens held[i] .. held[i] + counts[i] - 1
+        of row rows[i], giving each row the pages they reach: all of them, or none and a ValueError."""
+        need = [max(0, pages_for(h + c, self.page_size) - self.used[r]) for r, h, c in zip(rows, held, counts,
+                                                                                            strict=True)]
+        for r, h, c in zip(rows, held, counts, strict=True):
+            if pages_for(h + c, self.page_size) > self.table.shape[1]:
+                raise ValueError(f"row {r} would hold {h + c} tokens, more than max_pages_per_seq="
+                                 f"{self.table.shape[1]} pages of {self.page_size}")
+        if sum(need) > len(self._free):
+            raise ValueError(f"the pool is exhausted: {sum(need)} more pages needed, {len(self._free)} free of "
+                             f"{self.num_pages}")
+        out = []
+        for r, h, c, n in zip(rows, held, counts, need, strict=True):
+            for _ in range(n):
+                self.table[r, self.used[r]] = self._free.pop()
+                self.used[r] += 1
+            positions = torch.arange(h, h + c)
+            out.append(self.table[r, positions // self.page_size].long() * self.page_size + positions % self.page_size)
+        return torch.cat(out) if out else torch.zeros(0, dtype=torch.int64)
+
+    def release(self, row: int, last: int) -> None:
+        """Row ``row``'s pages back to the pool; row ``last`` moves into it and is cleared."""
+        self._free.extend(reversed(self.table[row, :self.used[row]].tolist()))
+        if row != last:
+            self.table[row] = self.table[last]
+            self.used[row] = self.used[last]
+        self.table[last] = -1
+        self.used[last] = 0
+
+    def page_table(self, lengths: Sequence[int]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(kv_indptr [n + 1], kv_indices, kv_last_page_len [n]), int32 on the CPU, of rows 0..n-1
+        holding ``lengths`` tokens (each at least 1), as FlashInfer's plan takes them."""
+        lens = torch.tensor(list(lengths), dtype=torch.int32)
+        used = (lens + self.page_size - 1) // self.page_size
+        n = len(lens)
+        taken = torch.arange(self.table.shape[1])[None, :] < used[:, None]
+        indptr = torch.zeros(n + 1, dtype=torch.int32)
+        indptr[1:] = torch.cumsum(used, 0)
+        return indptr, self.table[:n][taken], lens - (used - 1) * self.page_size

@@ -22,40 +22,57 @@ def sdpa_backend(backend: str):
             "efficient": SDPBackend.EFFICIENT_ATTENTION, "math": SDPBackend.MATH}[backend]
 
 
-class SdpaPeer(PreallocatedPeer):
-    """SDPA with one backend over the tokens so far: q [B, Hq, 1, D] against k, v [B, Hkv, n, D]
-    (views of the cache, no copy), GQA through ``enable_gqa``. A graph of it would attend a fixed
-    length (SDPA takes no device-side length), so it is not graph-capturable as is."""
+def backend_missing(backend: str, q_heads: int, kv_heads: int, head_dim: int, dtype: torch.dtype,
+                    device: torch.device, sm_scale: float) -> str | None:
+    """Why SDPA's ``backend`` cannot attend q_heads over kv_heads of head_dim in dtype on device
+    (None when it can): the device, or what this torch's backend says to a two-token probe."""
+    if backend in CUDA_ONLY and device.type != "cuda":
+        return f"SDPA's {backend} backend needs a CUDA device (device is {device})"
+    if device.type == "cuda" and not torch.cuda.is_available():
+        return "no CUDA device"
+    from torch.nn.attention import sdpa_kernel
 
-    def __init__(self, backend: str, *args, **kwargs):
+    q = torch.zeros(1, q_heads, 1, head_dim, dtype=dtype, device=device)
+    kv = torch.zeros(1, kv_heads, 2, head_dim, dtype=dtype, device=device)
+    try:
+        with warnings.catch_warnings(), sdpa_kernel([sdpa_backend(backend)]):
+            warnings.simplefilter("ignore")  # torch warns why each backend declined; the reason says it
+            F.scaled_dot_product_attention(q, kv, kv, scale=sm_scale, enable_gqa=q_heads != kv_heads)
+    except RuntimeError as e:
+        why = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        return (f"torch {torch.__version__}'s SDPA {backend} backend cannot run {dtype} q_heads={q_heads} "
+                f"kv_heads={kv_heads} head_dim={head_dim} on {device}: {why}")
+    return None
+
+
+class SdpaMethod:
+    """What the SDPA peer and server share: the backend (checked, named), whether it runs here
+    (:func:`backend_missing`) and torch's version. Mixed into a Peer or a Server, whose problem
+    (heads, head_dim, dtype, device, sm_scale) it reads."""
+
+    def _init_backend(self, backend: str) -> None:
         if backend not in BACKENDS:
             raise ValueError(f"backend must be one of {BACKENDS}; got {backend!r}")
-        super().__init__(*args, **kwargs)
         self.backend = backend
         self.name = f"sdpa-{backend}"
         self._backends = [sdpa_backend(backend)]
 
     def missing(self) -> str | None:
-        if self.backend in CUDA_ONLY and self.device.type != "cuda":
-            return f"SDPA's {self.backend} backend needs a CUDA device (device is {self.device})"
-        if self.device.type == "cuda" and not torch.cuda.is_available():
-            return "no CUDA device"
-        # whether this torch's backend takes this dtype, head_dim and GQA here: a two-token probe
-        q = torch.zeros(1, self.q_heads, 1, self.head_dim, dtype=self.dtype, device=self.device)
-        kv = torch.zeros(1, self.kv_heads, 2, self.head_dim, dtype=self.dtype, device=self.device)
-        try:
-            with warnings.catch_warnings():  # torch warns why each backend declined; the reason says it
-                warnings.simplefilter("ignore")
-                self._sdpa(q, kv, kv)
-        except RuntimeError as e:
-            why = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-            return (f"torch {torch.__version__}'s SDPA {self.backend} backend cannot run {self.dtype} "
-                    f"q_heads={self.q_heads} kv_heads={self.kv_heads} head_dim={self.head_dim} on "
-                    f"{self.device}: {why}")
-        return None
+        return backend_missing(self.backend, self.q_heads, self.kv_heads, self.head_dim, self.dtype, self.device,
+                               self.sm_scale)
 
     def version(self) -> str:
         return str(torch.__version__)  # a str: torch.__version__ is a TorchVersion, which xdist cannot send
+
+
+class SdpaPeer(SdpaMethod, PreallocatedPeer):
+    """SDPA with one backend over the tokens so far: q [B, Hq, 1, D] against k, v [B, Hkv, n, D]
+    (views of the cache, no copy), GQA through ``enable_gqa``. A graph of it would attend a fixed
+    length (SDPA takes no device-side length), so it is not graph-capturable as is."""
+
+    def __init__(self, backend: str, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self._init_backend(backend)
 
     def _sdpa(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         from torch.nn.attention import sdpa_kernel

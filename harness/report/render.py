@@ -18,7 +18,7 @@ from .charts import Trends, all_charts, trend_charts
 from .goals import goals_of
 from .load import BAD_OUTCOMES, Run
 from .summary import Summary, checked_of, tolerance_ratio
-from .tradeoff import MEMORIES_GB, MODEL, memory_rows, tradeoff_charts
+from .tradeoff import MEMORIES_GB, MODEL, memory_rows, method_rows, tradeoff_charts
 
 TEMPLATES = Path(__file__).resolve().parent / "templates"
 
@@ -266,6 +266,7 @@ def render_html(summary: Summary, *, title: str = "kv harness report", links: di
         charts=({**all_charts(summary), "tradeoff": tradeoff_charts(summary)} if charts is None
                 else {"tradeoff": [], **charts}),
         memory=memory_rows(summary),
+        methods=method_rows(summary),
         memory_model=MODEL,
         memories_gb=MEMORIES_GB,
         trends=trends,

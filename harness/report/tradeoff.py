@@ -9,6 +9,10 @@ carry ``method``, ``bits``, ``ms`` (the decode step: append one token, attend; e
 chart takes ``attn_rel_err_outliers``, on K with outlier channels, where the record has it),
 ``bytes_per_token`` (one layer, the shape's kv heads) and ``pareto_group`` (the shape, e.g.
 ``B1-Hq32-Hkv32-S32768-D128``). A record without them is no point.
+
+The same benchmark's serving-batch records (``method``, ``tokens_per_s``, ``ms``, ``p99_ms``,
+``nbytes``) and real-activation records (``method``, ``attn_rel_err_real``,
+``attn_rel_err_real_max``) give one more row per method: :func:`method_rows`.
 """
 
 from __future__ import annotations
@@ -150,3 +154,32 @@ def memory_rows(summary: Summary, model: dict = MODEL, memories_gb=MEMORIES_GB) 
                 "contexts": [f"{int((gb - model['weights_gb']) * 1e9 // per_token):,}" for gb in memories_gb],
             }
     return [row for _, row in sorted(rows.values(), key=lambda pair: pair[0])]
+
+
+def _sig(value) -> str:
+    number = to_float(value)
+    return "" if number is None or not math.isfinite(number) else fmt_sig(number)
+
+
+def method_rows(summary: Summary) -> list[dict]:
+    """Per method (its first passed record of each kind): the serving batch's decode tokens per
+    second, step median and p99 (ms) and storage (GB), and the attention error on real activations
+    (mean over the layers, worst layer); blank where the method has no such record. The fastest
+    server first, the methods without a serving record after them."""
+    rows: dict[str, dict] = {}
+    for _, record in summary.results.pairs():
+        metrics, method = record.metrics, record.metrics.get("method")
+        if record.outcome != "passed" or not method:
+            continue
+        row = rows.setdefault(str(method), dict.fromkeys(("serving", "ms", "p99_ms", "gb", "real", "real_max"), "")
+                              | {"method": str(method)})
+        served = to_float(metrics.get("tokens_per_s"))
+        if served is not None and "tokens_per_s" not in row:
+            nbytes = to_float(metrics.get("nbytes"))
+            row.update(tokens_per_s=served, serving=f"{served:,.0f}", ms=_sig(metrics.get("ms")),
+                       p99_ms=_sig(metrics.get("p99_ms")), gb=f"{nbytes / 1e9:.2f}" if nbytes else "")
+        real = to_float(metrics.get("attn_rel_err_real"))
+        if real is not None and not row["real"]:
+            row.update(real=_sig(real), real_max=_sig(metrics.get("attn_rel_err_real_max")))
+    kept = [row for row in rows.values() if row["serving"] or row["real"]]
+    return sorted(kept, key=lambda row: (-row.get("tokens_per_s", -1.0), row["method"]))
