@@ -6,7 +6,10 @@ weights in bf16, the way serving benchmarks time models without their weights) t
 prompt of S tokens per row (prefill), then decodes STEPS tokens greedily one forward at a time,
 eager, with: transformers' default DynamicCache (SDPA), its preallocated StaticCache (SDPA), its
 QuantizedCache with quanto at 4 bits (what ``cache_implementation="quantized"`` gives; skipped
-without optimum-quanto), and the 3-bit kvbits cache (:mod:`kernels.integrations.transformers`).
+without optimum-quanto), and the 3-bit kvbits cache (:mod:`kernels.integrations.transformers`);
+then the kvbits cache again with every decode step replayed from one captured CUDA graph
+(``kvbits-3bit-graph``: :func:`kernels.integrations.graph_generate.generate_graphed`, its steps
+timed through its streamer, the capture left out).
 Per case: decode tokens per second and ms per step, prefill seconds, peak device memory above the
 weights, the cache's bytes per token across the layers and the longest context one sequence fits
 in 80 and 141 GB beside the weights. In the interpreter on CPU, a two-layer model at tiny sizes.
@@ -26,6 +29,7 @@ from transformers import DynamicCache, LlamaConfig, LlamaForCausalLM, StaticCach
 from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding  # noqa: E402
 
 from harness.peers.hf_quantized import GROUP_SIZE, RESIDUAL_LENGTH, HFQuantizedPeer, stored_bytes  # noqa: E402
+from kernels.integrations.graph_generate import generate_graphed  # noqa: E402
 from kernels.integrations.transformers import ATTENTION_NAME, KVBitsCache  # noqa: E402
 
 pytestmark = [pytest.mark.bench, pytest.mark.sweep]
@@ -38,7 +42,7 @@ TINY = dict(hidden_size=128, intermediate_size=256, num_attention_heads=4, num_k
             num_hidden_layers=2, vocab_size=256)
 # (batch, prompt tokens): batch 8 at 128K is left out: the bf16 caches need 128 GB for it
 CASES = [(1, 8192), (1, 32768), (1, 131072), (8, 8192), (8, 32768)] if GPU else [(1, 96), (2, 70)]
-CACHES = ("dynamic", "static", "quanto-int4", "kvbits-3bit")
+CACHES = ("dynamic", "static", "quanto-int4", "kvbits-3bit", "kvbits-3bit-graph")
 STEPS = 32 if GPU else 3
 MEMORY_GB = (80, 141)  # device sizes the longest context is given for
 
@@ -71,7 +75,7 @@ def _cache(kind: str, net, capacity: int):
 
         return QuantizedCache("quanto", net.config, nbits=4, q_group_size=GROUP_SIZE,
                               residual_length=RESIDUAL_LENGTH), "sdpa"
-    return KVBitsCache(net.config, max_cache_len=capacity, bits=3), ATTENTION_NAME
+    return KVBitsCache(net.config, max_cache_len=capacity, bits=3), ATTENTION_NAME  # kvbits-3bit, -graph
 
 
 def _quanto_missing() -> str | None:
@@ -88,7 +92,7 @@ def _cache_bytes_per_token(kind: str, cache, config, tokens: int) -> float:
     """Bytes one token takes in the cache across the layers (kvbits: its pool's codes, scales and
     zeros; quanto: what its layers store, codes, scales, zeros and the bf16 residual window, over
     the ``tokens`` held; the bf16 caches: K and V)."""
-    if kind == "kvbits-3bit":
+    if kind.startswith("kvbits-3bit"):
         return sum(layer.paged.bytes_per_token() for layer in cache.layers)
     if kind == "quanto-int4":
         return sum(stored_bytes(getattr(layer, attr, None)) for layer in cache.layers
@@ -106,7 +110,7 @@ def test_bench_generate(record, model, batch, prompt, kind):
     config = model.config
     gen = torch.Generator(device=DEVICE).manual_seed(prompt + batch)
     ids = torch.randint(0, config.vocab_size, (batch, prompt), generator=gen, device=DEVICE)
-    cache, attention = _cache(kind, model, prompt + STEPS + 1)
+    cache, attention = _cache(kind, model, prompt + STEPS + GRAPH_EXTRA + 1)
     model.set_attn_implementation(attention)
     weights = sum(p.numel() * p.element_size() for p in model.parameters())
     if GPU:
@@ -115,23 +119,10 @@ def test_bench_generate(record, model, batch, prompt, kind):
         torch.cuda.reset_peak_memory_stats()
         before = torch.cuda.memory_allocated()
     try:
-        with torch.no_grad():
-            _sync()
-            t0 = time.perf_counter()
-            out = model(input_ids=ids, past_key_values=cache, use_cache=True, logits_to_keep=1)
-            token = out.logits[:, -1:].argmax(-1)
-            _sync()
-            prefill_s = time.perf_counter() - t0
-            ms = []
-            for step in range(STEPS):
-                position = torch.arange(prompt + step, prompt + step + 1, device=DEVICE)
-                _sync()
-                t0 = time.perf_counter()
-                out = model(input_ids=token, past_key_values=cache, use_cache=True, cache_position=position,
-                            logits_to_keep=1)
-                token = out.logits[:, -1:].argmax(-1)
-                _sync()
-                ms.append((time.perf_counter() - t0) * 1e3)
+        if kind.endswith("-graph"):
+            prefill_s, ms, token = _graphed_steps(model, ids, cache)
+        else:
+            prefill_s, ms, token = _eager_steps(model, ids, cache, prompt)
     finally:
         model.set_attn_implementation("sdpa")
     median = sorted(ms)[len(ms) // 2]
@@ -139,11 +130,63 @@ def test_bench_generate(record, model, batch, prompt, kind):
     figures = {"ms": median, "tokens_per_s": batch / (median / 1e3), "prefill_s": prefill_s,
                "bytes_per_token": per_token, "max_ms": max(ms),
                "shape": f"Llama-3-8B-shaped ({config.num_hidden_layers} layers, random weights), B={batch} "
-                        f"S={prompt}, {STEPS} greedy steps, eager"}
+                        f"S={prompt}, {STEPS} greedy steps, " + ("replayed from a CUDA graph" if kind.endswith("-graph")
+                                                                 else "eager")}
     if GPU:
         figures["peak_gb_above_weights"] = (torch.cuda.max_memory_allocated() - before) / 1e9
         for gb in MEMORY_GB:  # one sequence, beside the weights and 10% for activations
             figures[f"longest_context_{gb}gb"] = int((gb * 1e9 * 0.9 - weights) // per_token)
     record.add(**figures)
     assert token.shape == (batch, 1) and bool((token >= 0).all())
-    assert cache.get_seq_length() == prompt + STEPS
+    assert cache.get_seq_length() == prompt + STEPS + (GRAPH_EXTRA if kind.endswith("-graph") else 0)
+
+
+def _eager_steps(model, ids, cache, prompt: int) -> tuple[float, list[float], torch.Tensor]:
+    """(prefill seconds, ms of each of STEPS greedy steps, the last token [B, 1]): one forward each."""
+    with torch.no_grad():
+        _sync()
+        t0 = time.perf_counter()
+        out = model(input_ids=ids, past_key_values=cache, use_cache=True, logits_to_keep=1)
+        token = out.logits[:, -1:].argmax(-1)
+        _sync()
+        prefill_s = time.perf_counter() - t0
+        ms = []
+        for step in range(STEPS):
+            position = torch.arange(prompt + step, prompt + step + 1, device=DEVICE)
+            _sync()
+            t0 = time.perf_counter()
+            out = model(input_ids=token, past_key_values=cache, use_cache=True, cache_position=position,
+                        logits_to_keep=1)
+            token = out.logits[:, -1:].argmax(-1)
+            _sync()
+            ms.append((time.perf_counter() - t0) * 1e3)
+    return prefill_s, ms, token
+
+
+# the graphed run's tokens past STEPS: the prompt's, the eager warm-up's and the first replay's
+GRAPH_EXTRA = 2
+
+
+class _StepClock:
+    """A generate streamer that synchronizes at every put and keeps the time: put 1 the prompt,
+    put 2 the prompt step's token, put 3 the warm-up step's, then one per replay."""
+
+    def __init__(self):
+        self.times: list[float] = []
+
+    def put(self, value) -> None:
+        _sync()
+        self.times.append(time.perf_counter())
+
+    def end(self) -> None:
+        pass
+
+
+def _graphed_steps(model, ids, cache) -> tuple[float, list[float], torch.Tensor]:
+    """generate_graphed with STEPS + GRAPH_EXTRA + 1 new tokens: (prefill seconds, ms of each of the
+    STEPS replays after the first, each a replay and its token's copy, the last token [B, 1])."""
+    clock = _StepClock()
+    sequences = generate_graphed(model, ids, cache=cache, max_new_tokens=STEPS + GRAPH_EXTRA + 1, streamer=clock)
+    t = clock.times
+    replays = t[3:]  # the first replay's put (the capture before it left out) and each one after
+    return t[1] - t[0], [(b - a) * 1e3 for a, b in zip(replays, replays[1:], strict=False)], sequences[:, -1:]

@@ -44,6 +44,7 @@ from transformers.utils.import_utils import (  # noqa: E402
 
 import kernels  # noqa: E402
 from harness.peers.base import dist_version  # noqa: E402
+from kernels.integrations.graph_generate import generate_graphed  # noqa: E402
 from kernels.integrations.transformers import ATTENTION_NAME, KVBitsCache  # noqa: E402
 
 PAD = 0  # the pad token id (never drawn into a prompt)
@@ -303,6 +304,51 @@ def test_fused_decode_backend(record, seed, device):
     assert err <= tol, f"triton vs torch backend: {err:.4g} > {tol:.4g}"
 
 
+@pytest.mark.parametrize("device", device_params())
+@pytest.mark.parametrize("padded", [False, True], ids=["one-row", "left-padded"])
+def test_graph_replayed_generation_matches_generate(record, seed, device, padded):
+    """generate_graphed (every decode step replayed from one captured CUDA graph on a GPU; eager
+    steps on CPU) gives generate's logits on the same cache (until the tokens part, which on a
+    GPU a near tie may make them do), a left-padded batch of two included, and leaves the cache
+    where generate leaves it: the same lengths per layer, on the host and on the device."""
+    record.backend, record.device, record.variant = "kvbits", device, "fp16-b3-graphed" + ("-padded" if padded else "")
+    size = _size(device)
+    model, _ = _models(size, seed, torch.float16, device)
+    gen = torch.Generator().manual_seed(seed)
+    mask = None
+    if padded:  # the second row shorter, left-padded
+        short = size.prompt - gpu_or_small(37, 1000, device)
+        ids = torch.full((2, size.prompt), PAD, dtype=torch.long, device=device)
+        mask = torch.zeros_like(ids)
+        for i, n in enumerate((size.prompt, short)):
+            ids[i, size.prompt - n:] = _prompt(gen, size, 1, n, device)[0]
+            mask[i, size.prompt - n:] = 1
+    else:
+        ids = _prompt(gen, size, 1, size.prompt, device)
+    eager_cache = _kvbits_cache(model, size)
+    seq, logits = _generate(model, ids, mask, new=size.new, cache=eager_cache, attention=ATTENTION_NAME)
+    cache = _kvbits_cache(model, size)
+    model.set_attn_implementation(ATTENTION_NAME)
+    try:
+        ours, our_logits = generate_graphed(model, ids, mask, cache=cache, max_new_tokens=size.new, return_logits=True)
+    finally:
+        model.set_attn_implementation("sdpa")
+    first = _first_difference(ours, seq, size.prompt)
+    steps = size.new if first is None else first + 1  # the same tokens so far: the same context
+    err = float(_step_errors(our_logits.double()[:, :steps], logits[:, :steps]).max())
+    # the reservation plans the decode for the longest length to come, generate's steps for the
+    # length so far: other splits, so fp32 sums in another order on a GPU (a near tie may flip a
+    # token); the torch path on CPU has no splits and must agree exactly
+    tol = 0.0 if device == "cpu" else 0.05 * float(logits.std())
+    record.add(max_abs_err=err, tolerance=tol, first_token_difference=first, new=size.new, rows=ids.shape[0])
+    assert ours.shape == seq.shape and err <= tol, f"graph-replayed logits differ from generate's by {err:.4g}"
+    assert first is None or device != "cpu", f"graph-replayed tokens differ from step {first}"
+    assert cache.get_seq_length() == eager_cache.get_seq_length() == size.prompt + size.new - 1
+    for ours_layer, eager_layer in zip(cache.layers, eager_cache.layers, strict=True):
+        assert ours_layer.paged.lengths() == eager_layer.paged.lengths()
+        assert ours_layer.paged.sync_lengths() == eager_layer.paged.lengths()  # what the device holds
+
+
 # ----------------------------------------------------------------------------- 4. QuantizedCache
 # (QuantizedCache backend, its module, the package that installs it, bits)
 QUANTIZED = [pytest.param("hqq", "hqq", "hqq", 3, id="hqq-b3"),
@@ -414,6 +460,16 @@ BAD = {
     "kvbits_attention_without_cache": (_generate_with(ATTENTION_NAME, lambda m: DynamicCache(config=m.config)),
                                        TypeError, "needs a KVBitsCache"),
     "cache_with_sdpa_attention": (_generate_with("sdpa", _kv), TypeError, "attn_implementation='kvbits'"),
+    "graphed_without_kvbits_attention": (lambda: generate_graphed(_tiny_model("sdpa"), _ids(10), cache=_kv(
+        _tiny_model("sdpa")), max_new_tokens=4), ValueError, "attn_implementation='kvbits'"),
+    "graphed_past_max_cache_len": (lambda: generate_graphed(_tiny_model(ATTENTION_NAME), _ids(60), cache=_kv(
+        _tiny_model(ATTENTION_NAME)), max_new_tokens=8), ValueError, "need 67 positions"),
+    "graphed_no_new_token": (lambda: generate_graphed(_tiny_model(ATTENTION_NAME), _ids(10), cache=_kv(
+        _tiny_model(ATTENTION_NAME)), max_new_tokens=0), ValueError, "max_new_tokens must be at least 1"),
+    "graphed_other_cache": (lambda: generate_graphed(_tiny_model(ATTENTION_NAME), _ids(10), cache=DynamicCache(),
+                                                     max_new_tokens=2), TypeError, "cache must be a KVBitsCache"),
+    "graphed_float_ids": (lambda: generate_graphed(_tiny_model(ATTENTION_NAME), _ids(10).float(), cache=_kv(
+        _tiny_model(ATTENTION_NAME)), max_new_tokens=2), ValueError, "input_ids must be int64"),
 }
 
 

@@ -22,6 +22,9 @@ Padding: only each row's real tokens (those its attention mask keeps) are stored
 never attended; every token after the prompt is a real one (``generate`` extends the mask with
 ones; a step whose new token is masked is refused).
 
+Greedy decoding with every step replayed from one captured CUDA graph: ``generate_graphed`` in
+:mod:`kernels.integrations.graph_generate`.
+
 Not served (clear ``ValueError``/``TypeError``): encoder-decoder models, layers other than full
 attention (sliding window, chunked, linear), head_dim not a multiple of group_size, a
 multi-token step after the prompt (assisted or chunked decoding, a second ``generate`` on the
@@ -156,8 +159,9 @@ class KVBitsLayer(CacheLayerMixin):
         paged = self.paged
         if query.shape[0] != len(paged.sequences):
             raise ValueError(f"a batch of {query.shape[0]} rows for a cache of {len(paged.sequences)} sequences")
-        if self.index == 0:  # the mask is the same for every layer: checked once per step
-            _check_decode_mask(attention_mask, query.shape[0], self.seen + 1)
+        capturing = query.is_cuda and torch.cuda.is_current_stream_capturing()
+        if self.index == 0 and not capturing:  # the same mask for every layer: checked once per step (a read
+            _check_decode_mask(attention_mask, query.shape[0], self.seen + 1)  # of the device, not capturable)
         dtype = paged.dtype
         paged.append(step.keys[:, :, 0].to(dtype), step.values[:, :, 0].to(dtype), backend=self.settings.backend)
         out = paged.attend(query[:, :, 0].to(dtype).contiguous(), sm_scale=scaling, backend=self.settings.backend)
