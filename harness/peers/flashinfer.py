@@ -92,7 +92,8 @@ class FlashInferPeer(FlashInferMethod, Peer):
 class FlashInferServer(FlashInferMethod, Server):
     """FlashInfer serving a ragged batch as vLLM and SGLang run it: K/V in two NHD page pools
     [pages, page_size, Hkv, D] (the model's dtype, or float8 e4m3 with one scale per K and per V,
-    set from the first prompt, as a per-layer scale is), pages handed out as tokens reach them and
+    set from the first prompt, as a per-layer scale is: a later value past twice that prompt's
+    largest saturates at e4m3's 448), pages handed out as tokens reach them and
     taken back when a sequence ends (:class:`harness.peers.paged.PagePool`); each step writes every
     sequence's token through a slot mapping built on the host (one copy to the device), plans the
     decode for the new lengths (host work, every step) and runs it."""
