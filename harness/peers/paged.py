@@ -134,14 +134,15 @@ class PagePool:
         if sum(need) > len(self._free):
             raise ValueError(f"the pool is exhausted: {sum(need)} more pages needed, {len(self._free)} free of "
                              f"{self.num_pages}")
-        out = []
-        for r, h, c, n in zip(rows, held, counts, need, strict=True):
+        for r, n in zip(rows, need, strict=True):
             for _ in range(n):
                 self.table[r, self.used[r]] = self._free.pop()
                 self.used[r] += 1
-            positions = torch.arange(h, h + c)
-            out.append(self.table[r, positions // self.page_size].long() * self.page_size + positions % self.page_size)
-        return torch.cat(out) if out else torch.zeros(0, dtype=torch.int64)
+        # one indexed read for every token: a step's slot mapping is a few tensor ops, not a few per row
+        of_row = torch.tensor([r for r, c in zip(rows, counts, strict=True) for _ in range(c)], dtype=torch.int64)
+        positions = torch.tensor([h + i for h, c in zip(held, counts, strict=True) for i in range(c)],
+                                 dtype=torch.int64)
+        return self.table[of_row, positions // self.page_size].long() * self.page_size + positions % self.page_size
 
     def release(self, row: int, last: int) -> None:
         """Row ``row``'s pages back to the pool; row ``last`` moves into it and is cleared."""
