@@ -34,7 +34,14 @@ transformers = pytest.importorskip(
 
 from affine_support import fresh_seed, gpu_or_small  # noqa: E402, F401  (the seed fixture)
 from decode_support import device_params  # noqa: E402
-from transformers import BartConfig, DynamicCache, LlamaConfig, LlamaForCausalLM, MistralConfig  # noqa: E402
+from transformers import (  # noqa: E402
+    BartConfig,
+    DynamicCache,
+    LlamaConfig,
+    LlamaForCausalLM,
+    MistralConfig,
+    StaticCache,
+)
 from transformers.cache_utils import QuantizedCache  # noqa: E402
 from transformers.utils.import_utils import (  # noqa: E402
     KERNELS_MAX_VERSION,
@@ -304,49 +311,134 @@ def test_fused_decode_backend(record, seed, device):
     assert err <= tol, f"triton vs torch backend: {err:.4g} > {tol:.4g}"
 
 
-@pytest.mark.parametrize("device", device_params())
-@pytest.mark.parametrize("padded", [False, True], ids=["one-row", "left-padded"])
-def test_graph_replayed_generation_matches_generate(record, seed, device, padded):
-    """generate_graphed (every decode step replayed from one captured CUDA graph on a GPU; eager
-    steps on CPU) gives generate's logits on the same cache (until the tokens part, which on a
-    GPU a near tie may make them do), a left-padded batch of two included, and leaves the cache
-    where generate leaves it: the same lengths per layer, on the host and on the device."""
-    record.backend, record.device, record.variant = "kvbits", device, "fp16-b3-graphed" + ("-padded" if padded else "")
-    size = _size(device)
-    model, _ = _models(size, seed, torch.float16, device)
+class _StreamStopped(Exception):
+    pass
+
+
+class _Recorder:
+    """A streamer that keeps what it is handed, as generate's own streamers receive it; it raises
+    at its ``stop_at``-th put when given one (an interrupted stream)."""
+
+    def __init__(self, stop_at: int | None = None):
+        self.puts, self.ended, self.stop_at = [], 0, stop_at
+
+    def put(self, value) -> None:
+        if len(self.puts) + 1 == self.stop_at:
+            raise _StreamStopped("the streamer stops the run")
+        self.puts.append(value)
+
+    def end(self) -> None:
+        self.ended += 1
+
+
+def _check_streamed(streamer: _Recorder, ids: torch.Tensor, sequences: torch.Tensor) -> None:
+    """The prompt [B, S], then each new token [B], all on the CPU, then one end: generate's way."""
+    assert all(p.device.type == "cpu" for p in streamer.puts), "the streamer must be handed CPU tensors"
+    assert torch.equal(streamer.puts[0], ids.cpu())
+    new = sequences.shape[1] - ids.shape[1]
+    assert [tuple(p.shape) for p in streamer.puts[1:]] == [(ids.shape[0],)] * new
+    assert torch.equal(torch.stack(streamer.puts[1:], 1), sequences[:, ids.shape[1]:].cpu())
+    assert streamer.ended == 1
+
+
+def _graph_prompt(size: Size, seed: int, padded: bool, device) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """One row, or a batch of two whose second row is shorter and left-padded (ids, mask)."""
     gen = torch.Generator().manual_seed(seed)
-    mask = None
-    if padded:  # the second row shorter, left-padded
-        short = size.prompt - gpu_or_small(37, 1000, device)
-        ids = torch.full((2, size.prompt), PAD, dtype=torch.long, device=device)
-        mask = torch.zeros_like(ids)
-        for i, n in enumerate((size.prompt, short)):
-            ids[i, size.prompt - n:] = _prompt(gen, size, 1, n, device)[0]
-            mask[i, size.prompt - n:] = 1
-    else:
-        ids = _prompt(gen, size, 1, size.prompt, device)
-    eager_cache = _kvbits_cache(model, size)
-    seq, logits = _generate(model, ids, mask, new=size.new, cache=eager_cache, attention=ATTENTION_NAME)
-    cache = _kvbits_cache(model, size)
-    model.set_attn_implementation(ATTENTION_NAME)
+    if not padded:
+        return _prompt(gen, size, 1, size.prompt, device), None
+    short = size.prompt - gpu_or_small(37, 1000, device)
+    ids = torch.full((2, size.prompt), PAD, dtype=torch.long, device=device)
+    mask = torch.zeros_like(ids)
+    for i, n in enumerate((size.prompt, short)):
+        ids[i, size.prompt - n:] = _prompt(gen, size, 1, n, device)[0]
+        mask[i, size.prompt - n:] = 1
+    return ids, mask
+
+
+def _graph_cache(kind: str, model, size: Size, new: int):
+    if kind == "static":
+        return StaticCache(config=model.config, max_cache_len=size.prompt + new), "sdpa"
+    return _kvbits_cache(model, size, backend="torch" if kind == "kvbits-torch" else None), ATTENTION_NAME
+
+
+# (cache, left-padded, new tokens: None for the size's); 1 new token is the prompt's step alone, 2
+# adds the warm-up, 3 the capture and one replay
+GRAPHED = [pytest.param("kvbits", False, None, id="kvbits-one-row"),
+           pytest.param("kvbits", True, None, id="kvbits-left-padded"),
+           pytest.param("kvbits", False, 1, id="kvbits-1-new"),
+           pytest.param("kvbits", True, 2, id="kvbits-2-new"),
+           pytest.param("kvbits", False, 3, id="kvbits-3-new"),
+           pytest.param("kvbits-torch", False, None, id="kvbits-torch-backend"),
+           pytest.param("static", True, None, id="static-left-padded")]
+
+
+@pytest.mark.parametrize("device", device_params())
+@pytest.mark.parametrize(("kind", "padded", "new"), GRAPHED)
+def test_graph_replayed_generation_matches_generate(record, seed, device, kind, padded, new):
+    """generate_graphed (every decode step replayed from one captured CUDA graph on a GPU; eager
+    steps on CPU and with backend='torch', whose appends read the host) gives generate's logits on
+    the same kind of cache (until the tokens part, which on a GPU a near tie may make them do), a
+    left-padded batch of two included; hands a streamer what generate hands it; and leaves the
+    cache where generate leaves it: the same lengths per layer, on the host and on the device.
+    transformers' StaticCache (bf16's counterpart of the loop) runs the same way with sdpa."""
+    if kind == "kvbits-torch" and device == "cpu":
+        pytest.skip("backend='torch' is the CPU's default: the kvbits-one-row case")
+    record.backend, record.device = ("transformers" if kind == "static" else "kvbits"), device
+    record.variant = f"fp16-graphed-{kind}" + ("-padded" if padded else "")
+    size = _size(device)
+    new = size.new if new is None else new
+    model, _ = _models(size, seed, torch.float16, device)
+    ids, mask = _graph_prompt(size, seed, padded, device)
+    eager_cache, attention = _graph_cache(kind, model, size, new)
+    seq, logits = _generate(model, ids, mask, new=new, cache=eager_cache, attention=attention)
+    cache, _ = _graph_cache(kind, model, size, new)
+    streamer = _Recorder()
+    model.set_attn_implementation(attention)
     try:
-        ours, our_logits = generate_graphed(model, ids, mask, cache=cache, max_new_tokens=size.new, return_logits=True)
+        ours, our_logits = generate_graphed(model, ids, mask, cache=cache, max_new_tokens=new, return_logits=True,
+                                            streamer=streamer)
     finally:
         model.set_attn_implementation("sdpa")
     first = _first_difference(ours, seq, size.prompt)
-    steps = size.new if first is None else first + 1  # the same tokens so far: the same context
+    steps = new if first is None else first + 1  # the same tokens so far: the same context
     err = float(_step_errors(our_logits.double()[:, :steps], logits[:, :steps]).max())
     # the reservation plans the decode for the longest length to come, generate's steps for the
     # length so far: other splits, so fp32 sums in another order on a GPU (a near tie may flip a
     # token); the torch path on CPU has no splits and must agree exactly
     tol = 0.0 if device == "cpu" else 0.05 * float(logits.std())
-    record.add(max_abs_err=err, tolerance=tol, first_token_difference=first, new=size.new, rows=ids.shape[0])
+    record.add(max_abs_err=err, tolerance=tol, first_token_difference=first, new=new, rows=ids.shape[0])
     assert ours.shape == seq.shape and err <= tol, f"graph-replayed logits differ from generate's by {err:.4g}"
     assert first is None or device != "cpu", f"graph-replayed tokens differ from step {first}"
-    assert cache.get_seq_length() == eager_cache.get_seq_length() == size.prompt + size.new - 1
-    for ours_layer, eager_layer in zip(cache.layers, eager_cache.layers, strict=True):
-        assert ours_layer.paged.lengths() == eager_layer.paged.lengths()
-        assert ours_layer.paged.sync_lengths() == eager_layer.paged.lengths()  # what the device holds
+    _check_streamed(streamer, ids, ours)
+    assert int(cache.get_seq_length()) == int(eager_cache.get_seq_length()) == size.prompt + new - 1
+    if kind != "static":
+        for ours_layer, eager_layer in zip(cache.layers, eager_cache.layers, strict=True):
+            assert ours_layer.paged.lengths() == eager_layer.paged.lengths()
+            assert ours_layer.paged.sync_lengths() == eager_layer.paged.lengths()  # what the device holds
+
+
+@pytest.mark.parametrize("device", device_params())
+def test_graph_replayed_generation_stopped_by_its_streamer(record, seed, device):
+    """A streamer that raises part-way through the replays: the exception reaches the caller and
+    the cache's host counts match what its device holds (the replays issued), so that it can be
+    read, or reset and used again."""
+    record.backend, record.device, record.variant = "kvbits", device, "fp16-graphed-interrupted"
+    size = _size(device)
+    model, _ = _models(size, seed, torch.float16, device)
+    ids, _ = _graph_prompt(size, seed, False, device)
+    cache = _kvbits_cache(model, size)
+    stop_at = 6  # the prompt, its token, the warm-up's token, then the replays' (put one replay late)
+    model.set_attn_implementation(ATTENTION_NAME)
+    try:
+        with pytest.raises(_StreamStopped, match="the streamer stops the run"):
+            generate_graphed(model, ids, cache=cache, max_new_tokens=size.new, streamer=_Recorder(stop_at))
+    finally:
+        model.set_attn_implementation("sdpa")
+    held = [layer.paged.sync_lengths() for layer in cache.layers]  # read from the device
+    record.add(held=held[0][0], seen=cache.get_seq_length())
+    assert all(layer.paged.lengths() == h for layer, h in zip(cache.layers, held, strict=True))
+    assert held == [[cache.get_seq_length()]] * size.layers
+    assert size.prompt + stop_at - 3 <= cache.get_seq_length() < size.prompt + size.new - 1
 
 
 # ----------------------------------------------------------------------------- 4. QuantizedCache
@@ -470,6 +562,11 @@ BAD = {
                                                      max_new_tokens=2), TypeError, "cache must be a KVBitsCache"),
     "graphed_float_ids": (lambda: generate_graphed(_tiny_model(ATTENTION_NAME), _ids(10).float(), cache=_kv(
         _tiny_model(ATTENTION_NAME)), max_new_tokens=2), ValueError, "input_ids must be int64"),
+    "graphed_right_padded": (lambda: generate_graphed(_tiny_model(ATTENTION_NAME), _ids(10), torch.tensor(
+        [[1] * 8 + [0] * 2]), cache=_kv(_tiny_model(ATTENTION_NAME)), max_new_tokens=2), ValueError,
+        "masks the last column of rows [0]"),
+    "graphed_static_with_kvbits_attention": (lambda: generate_graphed(_tiny_model(ATTENTION_NAME), _ids(10), cache=
+        StaticCache(config=_tiny(), max_cache_len=16), max_new_tokens=2), ValueError, "attn_implementation='sdpa'"),
 }
 
 

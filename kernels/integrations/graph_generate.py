@@ -1,73 +1,174 @@
-"""Greedy generation on a :class:`~kernels.integrations.transformers.KVBitsCache` whose decode
-steps replay one captured CUDA graph: the model's whole forward (every layer's append and fused
-decode with it), the greedy pick and the move to the next position, with no host work per token
-but the replay::
+"""Greedy generation whose decode steps replay one captured CUDA graph: the model's whole forward
+(every layer's append and attention with it), the greedy pick and the move to the next position,
+with no host work per token but the replay::
 
     model = AutoModelForCausalLM.from_pretrained(name, attn_implementation="kvbits")
     cache = KVBitsCache(model.config, max_cache_len=prompt_len + 64)
     sequences = generate_graphed(model, input_ids, attention_mask, cache=cache, max_new_tokens=64)
 
-The prompt's step runs eagerly (exact attention; the prompt quantized into the cache). Every
-layer's pool then reserves the pages and the decode plan for the tokens to come, one decode step
-runs eagerly on static buffers (the token, its positions) as the warm-up, the same step is
-captured, and the graph is replayed for each further token. transformers' ``generate`` is not
-used: its per-step host work (masks, positions, stopping criteria, logits processors) is what the
-graph leaves out; the decode steps pass no attention mask (each row's cache holds its real tokens
-only, so the fused decode needs none) and each row's position ids (its real tokens so far, as
-``generate`` counts them with left padding).
+The cache is a :class:`~kernels.integrations.transformers.KVBitsCache` (the model loaded with
+``attn_implementation="kvbits"``) or transformers' own ``StaticCache`` (with ``"sdpa"``), so that
+the packed cache's loop and the bf16 cache's run the same way.
+
+The prompt's step runs eagerly. The cache then prepares for the tokens to come (a KVBitsCache's
+pools reserve their pages and decode plans; a StaticCache's slots are preallocated), one decode
+step runs eagerly on static buffers (the token, its positions, for a StaticCache the mask over its
+slots) as the warm-up, the same step is captured, and the graph is replayed for each further
+token. transformers' ``generate`` is not used: its per-step host work (masks, positions, stopping
+criteria, logits processors) is what the graph leaves out. A KVBitsCache's decode steps pass no
+attention mask (each row's cache holds its real tokens only, so the fused decode needs none); a
+StaticCache's pass a boolean mask over its slots [B, 1, 1, max_cache_len], the prompt's real
+tokens and each new one set. Position ids count each row's real tokens, as ``generate`` does with
+left padding.
 
 Greedy only, exactly ``max_new_tokens`` tokens (no stop at an end-of-sequence token: cut the
-sequences after it), the models :class:`KVBitsCache` serves. On a device without CUDA graphs
-(CPU) the same steps run eagerly, one forward each.
+sequences after it). On a device without CUDA graphs (CPU), and for a KVBitsCache with
+``backend="torch"`` (whose appends read lengths on the host), the same steps run eagerly, one
+forward each.
 """
 
 from __future__ import annotations
 
+from collections import deque
+
 import torch
+from transformers import StaticCache
 
 from .._checks import require_int, require_tensor
 from .transformers import ATTENTION_NAME, KVBitsCache
 
+STATIC_ATTENTION = "sdpa"  # the attention a StaticCache is replayed with: it reads a boolean 4D mask
+
 
 def generate_graphed(model, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None, *,
-                     cache: KVBitsCache, max_new_tokens: int, return_logits: bool = False, streamer=None):
+                     cache: KVBitsCache | StaticCache, max_new_tokens: int, return_logits: bool = False,
+                     streamer=None):
     """Greedy decoding of ``max_new_tokens`` tokens after ``input_ids`` [B, S] (int64; left-padded
-    rows with ``attention_mask`` [B, S], 1 for a real token) with ``model`` (loaded with
-    ``attn_implementation="kvbits"``) on ``cache`` (a fresh KVBitsCache for S + max_new_tokens
-    positions). Returns the sequences [B, S + max_new_tokens], and with ``return_logits`` also
-    each new token's logits [B, max_new_tokens, V] (float32). The cache holds S +
-    max_new_tokens - 1 positions afterwards, as after ``generate``. ``streamer``: as
-    ``generate``'s, ``put`` with the prompt, then with each new token [B, 1] (on the device, as
-    soon as it is issued), then ``end``."""
-    _check(model, input_ids, attention_mask, cache, max_new_tokens)
-    if streamer is not None:
-        streamer.put(input_ids)
+    rows with ``attention_mask`` [B, S], 1 for a real token, every row's last column real) with
+    ``model`` on ``cache``: a fresh KVBitsCache (model loaded with ``attn_implementation="kvbits"``)
+    or StaticCache (``"sdpa"``) for S + max_new_tokens positions. Returns the sequences [B, S +
+    max_new_tokens], and with ``return_logits`` also each new token's logits [B, max_new_tokens, V]
+    (float32). The cache holds S + max_new_tokens - 1 positions afterwards, as after ``generate``,
+    also when the replays stop on an exception (from the streamer, or an interrupt).
+    ``streamer``: as ``generate``'s: ``put`` with the prompt (on the CPU), then with each new token
+    (CPU, [B]), then ``end``; a replayed token is put once the next replay is queued, so that the
+    device does not wait on the streamer."""
+    target = _target(model, cache)
+    _check(target, input_ids, attention_mask, max_new_tokens)
+    puts = _Puts(streamer)
+    puts.now(input_ids)
     batch, prompt = input_ids.shape
-    device = input_ids.device
     with torch.no_grad():
-        out = model(input_ids=input_ids, attention_mask=attention_mask, position_ids=_prompt_positions(attention_mask, batch, prompt, device),
+        out = model(input_ids=input_ids, attention_mask=attention_mask,
+                    position_ids=_prompt_positions(attention_mask, batch, prompt, input_ids.device),
                     past_key_values=cache, use_cache=True, logits_to_keep=1)
         logits = out.logits[:, -1].float()
         tokens, kept = [logits.argmax(-1, keepdim=True)], [logits.clone()] if return_logits else None
-        if streamer is not None:
-            streamer.put(tokens[0])
-        steps = max_new_tokens - 1
-        if steps:
-            _decode(model, cache, tokens, kept, attention_mask, batch, prompt, steps, logits, streamer)
-    if streamer is not None:
-        streamer.end()
+        puts.now(tokens[0][:, 0])
+        if max_new_tokens > 1:
+            _decode(model, target, tokens, kept, attention_mask, prompt, max_new_tokens - 1, logits, puts)
+    target.check_errors()
+    puts.end()
     sequences = torch.cat([input_ids, *tokens], dim=1)
     return (sequences, torch.stack(kept, dim=1)) if return_logits else sequences
 
 
-def _decode(model, cache: KVBitsCache, tokens: list, kept: list | None, attention_mask, batch: int, prompt: int,
-            steps: int, logits: torch.Tensor, streamer) -> None:
+class _KVBitsTarget:
+    """What the loop needs of a KVBitsCache: pages and plans reserved before the warm-up, the
+    host's counts set after the replays (the host saw the capture, in which nothing ran, and none
+    of the replays)."""
+
+    attention = ATTENTION_NAME
+
+    def __init__(self, cache: KVBitsCache):
+        self.cache = cache
+        self.capacity = cache.layers[0].settings.max_cache_len
+        self._seen: list[int] = []
+
+    def capturable(self, device: torch.device) -> bool:
+        return device.type == "cuda" and self.cache.layers[0].settings.backend != "torch"
+
+    def prepare(self, steps: int, attention_mask, prompt: int) -> dict:
+        for layer in self.cache.layers:
+            layer.paged.reserve(steps)
+        return {}  # no mask: each row's pages hold its real tokens only
+
+    def before_step(self, cache_position: torch.Tensor) -> None:
+        pass
+
+    def before_capture(self) -> None:
+        self._seen = [layer.seen for layer in self.cache.layers]
+
+    def replayed(self, replays: int) -> None:
+        for layer, seen in zip(self.cache.layers, self._seen, strict=True):
+            layer.seen = seen + replays
+            layer.paged.advance(replays)
+
+    def check_errors(self) -> None:
+        self.cache.check_errors()
+
+
+class _StaticTarget:
+    """What the loop needs of transformers' StaticCache: a boolean mask over its slots, which each
+    step extends by its own slot (the cache counts its length on the device, so the replays need
+    no correction)."""
+
+    attention = STATIC_ATTENTION
+
+    def __init__(self, cache: StaticCache):
+        if any(getattr(layer, "is_sliding", False) for layer in cache.layers):
+            raise ValueError("the StaticCache has sliding-window layers: generate_graphed serves full attention only")
+        self.cache = cache
+        self.capacity = cache.layers[0].max_cache_len
+        self._mask: torch.Tensor | None = None
+
+    def capturable(self, device: torch.device) -> bool:
+        return device.type == "cuda"
+
+    def prepare(self, steps: int, attention_mask, prompt: int) -> dict:
+        batch = self.cache.layers[0].keys.shape[0]
+        device = self.cache.layers[0].keys.device
+        self._mask = torch.zeros((batch, 1, 1, self.capacity), dtype=torch.bool, device=device)
+        self._mask[:, 0, 0, :prompt] = True if attention_mask is None else attention_mask.bool()
+        return {"attention_mask": self._mask}  # 4D: transformers passes it to SDPA as it is
+
+    def before_step(self, cache_position: torch.Tensor) -> None:
+        self._mask.index_fill_(-1, cache_position, True)  # the new token's slot (a device index: capturable)
+
+    def before_capture(self) -> None:
+        pass
+
+    def replayed(self, replays: int) -> None:
+        pass
+
+    def check_errors(self) -> None:
+        pass
+
+
+def _target(model, cache) -> _KVBitsTarget | _StaticTarget:
+    if isinstance(cache, KVBitsCache):
+        target = _KVBitsTarget(cache)
+    elif isinstance(cache, StaticCache):
+        target = _StaticTarget(cache)
+    else:
+        raise TypeError(f"cache must be a KVBitsCache or a transformers StaticCache; got {type(cache).__name__}")
+    implementation = getattr(getattr(model, "config", None), "_attn_implementation", None)
+    if implementation != target.attention:
+        raise ValueError(f"model must be loaded with attn_implementation={target.attention!r} for a "
+                         f"{type(cache).__name__}; it uses {implementation!r}")
+    held = int(cache.get_seq_length())
+    if held:
+        raise ValueError(f"cache must be fresh (it holds {held} positions): reset() it or make another")
+    return target
+
+
+def _decode(model, target, tokens: list, kept: list | None, attention_mask, prompt: int, steps: int,
+            logits: torch.Tensor, puts: _Puts) -> None:
     """``steps`` decode steps after the prompt's: the first eager (the warm-up), the rest replayed
-    from one captured step on a GPU (eager on CPU); each step's token appended to ``tokens`` (and its
-    logits to ``kept``) and put to ``streamer``."""
-    device = tokens[0].device
-    for layer in cache.layers:  # pages and the decode plan for every step, before the warm-up plans
-        layer.paged.reserve(steps)
+    from one captured step where the target is capturable (eager otherwise); each step's token
+    appended to ``tokens`` (and its logits to ``kept``) and put to ``puts``."""
+    batch, device = tokens[0].shape[0], tokens[0].device
+    inputs = target.prepare(steps, attention_mask, prompt)  # before the warm-up plans
     token = tokens[0].clone()  # the static buffers the step reads and advances
     position = (attention_mask.sum(-1, keepdim=True).long() if attention_mask is not None
                 else torch.full((batch, 1), prompt, dtype=torch.long, device=device))
@@ -75,68 +176,102 @@ def _decode(model, cache: KVBitsCache, tokens: list, kept: list | None, attentio
     last = torch.empty_like(logits)
 
     def step():
-        out = model(input_ids=token, position_ids=position, cache_position=cache_position, past_key_values=cache,
-                    use_cache=True, logits_to_keep=1)
+        target.before_step(cache_position)
+        out = model(input_ids=token, position_ids=position, cache_position=cache_position,
+                    past_key_values=target.cache, use_cache=True, logits_to_keep=1, **inputs)
         last.copy_(out.logits[:, -1])
         token.copy_(last.argmax(-1, keepdim=True))
         position.add_(1)
         cache_position.add_(1)
 
-    def collect():
+    def collect(replayed: bool):
         tokens.append(token.clone())
         if kept is not None:
             kept.append(last.clone())
-        if streamer is not None:
-            streamer.put(tokens[-1])
+        puts.put(tokens[-1][:, 0], replayed)
 
-    graphs = device.type == "cuda"
-    if graphs:
-        side = torch.cuda.Stream()  # warm-up on a side stream, as torch.cuda.graph asks
-        side.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(side):
+    if not target.capturable(device):
+        for _ in range(steps):
             step()
-        torch.cuda.current_stream().wait_stream(side)
-    else:
+            collect(False)
+        return
+    side = torch.cuda.Stream()  # warm-up on a side stream, as torch.cuda.graph asks
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
         step()
-    collect()
+    torch.cuda.current_stream().wait_stream(side)
+    collect(False)
     if steps == 1:
         return
-    if not graphs:
-        for _ in range(steps - 1):
-            step()
-            collect()
-        return
     graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        step()
-    for _ in range(steps - 1):
-        graph.replay()
-        collect()
-    for layer in cache.layers:  # the host saw the capture (counted, nothing ran), not the replays
-        layer.seen += steps - 2
-        layer.paged.advance(steps - 1)
-    cache.check_errors()
+    target.before_capture()
+    replays = 0
+    try:
+        with torch.cuda.graph(graph):
+            step()
+        for _ in range(steps - 1):
+            graph.replay()
+            replays += 1
+            collect(True)
+        puts.flush()
+    finally:
+        target.replayed(replays)  # also when a put or an interrupt stops the replays
+
+
+class _Puts:
+    """The streamer's side of the loop, as ``generate`` hands it tokens: CPU tensors, the prompt
+    [B, S] then each new token [B]. A replayed token is copied to pinned host memory without
+    waiting and put once the next replay is queued (one token behind), so that the device keeps
+    a step queued while the host streams."""
+
+    def __init__(self, streamer):
+        self.streamer = streamer
+        self.pending: deque = deque()
+
+    def now(self, value: torch.Tensor) -> None:
+        if self.streamer is not None:
+            self.flush()
+            self.streamer.put(value.cpu())
+
+    def put(self, token: torch.Tensor, replayed: bool) -> None:
+        if self.streamer is None:
+            return
+        if not replayed:
+            self.now(token)
+            return
+        host = torch.empty(token.shape, dtype=token.dtype, pin_memory=True)
+        host.copy_(token, non_blocking=True)
+        done = torch.cuda.Event()
+        done.record()
+        self.pending.append((host, done))
+        while len(self.pending) > 1:
+            self._put_oldest()
+
+    def flush(self) -> None:
+        while self.pending:
+            self._put_oldest()
+
+    def end(self) -> None:
+        if self.streamer is not None:
+            self.flush()
+            self.streamer.end()
+
+    def _put_oldest(self) -> None:
+        host, done = self.pending.popleft()
+        done.synchronize()
+        self.streamer.put(host)
 
 
 def _prompt_positions(mask: torch.Tensor | None, batch: int, prompt: int, device) -> torch.Tensor:
     """Position ids of the prompt [B, S], as ``generate`` makes them: each row's real tokens
-    counted from 0 (pads given 1)."""
+    counted from 0 (pads given 0)."""
     if mask is None:
         return torch.arange(prompt, device=device).expand(batch, prompt)
     positions = mask.long().cumsum(-1) - 1
-    return positions.masked_fill(mask == 0, 1)
+    return positions.masked_fill(mask == 0, 0)
 
 
-def _check(model, input_ids, attention_mask, cache, max_new_tokens) -> None:
-    implementation = getattr(getattr(model, "config", None), "_attn_implementation", None)
-    if implementation != ATTENTION_NAME:
-        raise ValueError(f"model must be loaded with attn_implementation={ATTENTION_NAME!r}; it uses "
-                         f"{implementation!r}")
-    if not isinstance(cache, KVBitsCache):
-        raise TypeError(f"cache must be a KVBitsCache; got {type(cache).__name__}")
-    if cache.get_seq_length():
-        raise ValueError(f"cache must be fresh (it holds {cache.get_seq_length()} positions): reset() it or make "
-                         f"another")
+def _check(target, input_ids, attention_mask, max_new_tokens) -> None:
     require_tensor("input_ids", input_ids)
     if input_ids.dim() != 2 or input_ids.dtype != torch.long or 0 in input_ids.shape:
         raise ValueError(f"input_ids must be int64 [B, S] with B, S >= 1; got {input_ids.dtype} "
@@ -146,10 +281,14 @@ def _check(model, input_ids, attention_mask, cache, max_new_tokens) -> None:
         if attention_mask.shape != input_ids.shape or attention_mask.device != input_ids.device:
             raise ValueError(f"attention_mask must match input_ids ({tuple(input_ids.shape)}, {input_ids.device}); "
                              f"got {tuple(attention_mask.shape)} on {attention_mask.device}")
+        right = (attention_mask[:, -1] == 0).nonzero().flatten().tolist()  # one read of the device, before the prompt
+        if right:
+            raise ValueError(f"attention_mask masks the last column of rows {right}: generate_graphed takes "
+                             f"left-padded prompts (tokenizer padding_side='left'), each row's next token following "
+                             f"its last column")
     if require_int("max_new_tokens", max_new_tokens) < 1:
         raise ValueError(f"max_new_tokens must be at least 1; got {max_new_tokens}")
     need = input_ids.shape[1] + max_new_tokens - 1
-    limit = cache.layers[0].settings.max_cache_len
-    if need > limit:
+    if need > target.capacity:
         raise ValueError(f"the prompt ({input_ids.shape[1]}) and max_new_tokens ({max_new_tokens}) need {need} "
-                         f"positions; the cache holds max_cache_len={limit}")
+                         f"positions; the cache holds max_cache_len={target.capacity}")
