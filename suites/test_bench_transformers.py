@@ -7,9 +7,11 @@ prompt of S tokens per row (prefill), then decodes STEPS tokens greedily one for
 eager, with: transformers' default DynamicCache (SDPA), its preallocated StaticCache (SDPA), its
 QuantizedCache with quanto at 4 bits (what ``cache_implementation="quantized"`` gives; skipped
 without optimum-quanto), and the 3-bit kvbits cache (:mod:`kernels.integrations.transformers`);
-then the kvbits cache again with every decode step replayed from one captured CUDA graph
-(``kvbits-3bit-graph``: :func:`kernels.integrations.graph_generate.generate_graphed`, its steps
-timed through its streamer, the capture left out).
+then StaticCache and the kvbits cache again with every decode step replayed from one captured
+CUDA graph (``static-graph``, ``kvbits-3bit-graph``:
+:func:`kernels.integrations.graph_generate.generate_graphed`, its steps timed through its
+streamer, the capture left out): the bf16 cache and the packed one without the host's per-step
+work.
 Per case: decode tokens per second and ms per step, prefill seconds, peak device memory above the
 weights, the cache's bytes per token across the layers and the longest context one sequence fits
 in 80 and 141 GB beside the weights. In the interpreter on CPU, a two-layer model at tiny sizes.
@@ -42,7 +44,7 @@ TINY = dict(hidden_size=128, intermediate_size=256, num_attention_heads=4, num_k
             num_hidden_layers=2, vocab_size=256)
 # (batch, prompt tokens): batch 8 at 128K is left out: the bf16 caches need 128 GB for it
 CASES = [(1, 8192), (1, 32768), (1, 131072), (8, 8192), (8, 32768)] if GPU else [(1, 96), (2, 70)]
-CACHES = ("dynamic", "static", "quanto-int4", "kvbits-3bit", "kvbits-3bit-graph")
+CACHES = ("dynamic", "static", "static-graph", "quanto-int4", "kvbits-3bit", "kvbits-3bit-graph")
 STEPS = 32 if GPU else 3
 MEMORY_GB = (80, 141)  # device sizes the longest context is given for
 
@@ -68,7 +70,7 @@ def model():
 def _cache(kind: str, net, capacity: int):
     if kind == "dynamic":
         return DynamicCache(config=net.config), "sdpa"
-    if kind == "static":
+    if kind.startswith("static"):  # static, static-graph
         return StaticCache(config=net.config, max_cache_len=capacity), "sdpa"
     if kind == "quanto-int4":
         from transformers.cache_utils import QuantizedCache
@@ -142,7 +144,9 @@ def test_bench_generate(record, model, batch, prompt, kind):
 
 
 def _eager_steps(model, ids, cache, prompt: int) -> tuple[float, list[float], torch.Tensor]:
-    """(prefill seconds, ms of each of STEPS greedy steps, the last token [B, 1]): one forward each."""
+    """(prefill seconds, ms of each of STEPS greedy steps, the last token [B, 1]): one forward each,
+    with the attention mask ``generate`` passes (all ones: no padding), which a StaticCache's mask
+    over its slots is built from."""
     with torch.no_grad():
         _sync()
         t0 = time.perf_counter()
@@ -155,21 +159,24 @@ def _eager_steps(model, ids, cache, prompt: int) -> tuple[float, list[float], to
             position = torch.arange(prompt + step, prompt + step + 1, device=DEVICE)
             _sync()
             t0 = time.perf_counter()
-            out = model(input_ids=token, past_key_values=cache, use_cache=True, cache_position=position,
-                        logits_to_keep=1)
+            mask = torch.ones(ids.shape[0], prompt + step + 1, dtype=torch.long, device=DEVICE)
+            out = model(input_ids=token, attention_mask=mask, past_key_values=cache, use_cache=True,
+                        cache_position=position, logits_to_keep=1)
             token = out.logits[:, -1:].argmax(-1)
             _sync()
             ms.append((time.perf_counter() - t0) * 1e3)
     return prefill_s, ms, token
 
 
-# the graphed run's tokens past STEPS: the prompt's, the eager warm-up's and the first replay's
-GRAPH_EXTRA = 2
+# the graphed run's tokens past STEPS: the prompt's, the eager warm-up's, the first replay's (its
+# put waits for the second) and the last's (put after it, with nothing queued)
+GRAPH_EXTRA = 3
 
 
 class _StepClock:
     """A generate streamer that synchronizes at every put and keeps the time: put 1 the prompt,
-    put 2 the prompt step's token, put 3 the warm-up step's, then one per replay."""
+    put 2 the prompt step's token, put 3 the warm-up step's, then one per replay, each once the
+    next replay is queued (so put 4 comes once the second replay is done)."""
 
     def __init__(self):
         self.times: list[float] = []
@@ -184,9 +191,10 @@ class _StepClock:
 
 def _graphed_steps(model, ids, cache) -> tuple[float, list[float], torch.Tensor]:
     """generate_graphed with STEPS + GRAPH_EXTRA + 1 new tokens: (prefill seconds, ms of each of the
-    STEPS replays after the first, each a replay and its token's copy, the last token [B, 1])."""
+    STEPS replays between the second and the last, each a replay and its token's copy, the last
+    token [B, 1])."""
     clock = _StepClock()
     sequences = generate_graphed(model, ids, cache=cache, max_new_tokens=STEPS + GRAPH_EXTRA + 1, streamer=clock)
     t = clock.times
-    replays = t[3:]  # the first replay's put (the capture before it left out) and each one after
+    replays = t[3:-1]  # the second replay's end (the capture before the first left out) and each one after
     return t[1] - t[0], [(b - a) * 1e3 for a, b in zip(replays, replays[1:], strict=False)], sequences[:, -1:]
