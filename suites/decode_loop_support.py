@@ -251,6 +251,11 @@ def serving_batch(make, arrivals: list[tuple[int, int]], steps: int, *, seed: in
     clock), the median host time to issue a step (before its synchronization), prefill seconds,
     the storage's bytes, the lengths at the end and whether the last step's output is finite."""
     require_positive("steps", steps)
+    for i, arrival in enumerate(arrivals):
+        if not (isinstance(arrival, tuple) and len(arrival) == 2):
+            raise TypeError(f"arrivals[{i}] must be a (prompt tokens, new tokens) pair; got {arrival!r}")
+        require_positive(f"arrivals[{i}] prompt tokens", arrival[0])
+        require_positive(f"arrivals[{i}] new tokens", arrival[1])  # 0 would never leave its row
     warm = make()
     _serve(warm, arrivals, steps, seed)
     del warm  # its storage goes before the timed server's is allocated
@@ -272,7 +277,11 @@ def _serve(server, arrivals: list[tuple[int, int]], steps: int, seed: int) -> di
 
     def join():
         nonlocal prefill
-        prompt, new = next(queue)
+        arrival = next(queue, None)
+        if arrival is None:
+            raise ValueError(f"the {len(arrivals)} arrivals ran out within {steps} steps of {server.max_seqs} rows: "
+                             f"give more (serving_arrivals draws enough)")
+        prompt, new = arrival
         k = torch.randn(h, prompt, d, generator=gen, device=device, dtype=server.dtype)
         sync()
         t0 = time.perf_counter()

@@ -120,7 +120,7 @@ class KvbitsServer(KvbitsMethod, Server):
         self.start()
         return self.cache.bytes_per_token()
 
-    def nbytes(self) -> int:
+    def _nbytes(self) -> int:
         return self.cache.nbytes()
 
     def _start(self) -> None:

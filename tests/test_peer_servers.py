@@ -8,6 +8,8 @@ are checked too."""
 
 from __future__ import annotations
 
+from functools import partial
+
 import pytest
 import torch
 
@@ -191,3 +193,22 @@ def test_serving_batch_runs_every_arrival_to_its_end(method):
     assert joined > 3, "the schedule must free and join sequences"
     for server in made:  # both ran the same schedule
         assert server.sequences == live and server.lengths() == lengths
+
+
+def test_serving_batch_bad_input():
+    make = partial(SdpaServer, "math", 2, HQ, HKV, D, 64)
+    with pytest.raises(ValueError, match=r"arrivals\[1\] new tokens must be at least 1"):
+        serving_batch(make, [(8, 3), (8, 0)], 2)
+    with pytest.raises(ValueError, match=r"arrivals\[0\] prompt tokens must be at least 1"):
+        serving_batch(make, [(0, 3), (8, 3)], 2)
+    with pytest.raises(TypeError, match=r"arrivals\[0\] must be a \(prompt tokens, new tokens\) pair"):
+        serving_batch(make, [8, (8, 3)], 2)
+    with pytest.raises(ValueError, match="the 2 arrivals ran out within 4 steps of 2 rows"):
+        serving_batch(make, [(8, 1), (8, 1)], 4)  # both leave after one step, and nothing is left to join
+
+
+def test_server_holds_no_bytes_before_it_starts():
+    server = SdpaServer("math", 2, HQ, HKV, D, 16)
+    assert server.nbytes() == 0
+    server.start()
+    assert server.nbytes() == 2 * 2 * HKV * 16 * D * 2

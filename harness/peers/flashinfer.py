@@ -102,7 +102,7 @@ class FlashInferServer(FlashInferMethod, Server):
         super().__init__(*args, **kwargs)
         self._init_kv(kv, page_size)
 
-    def nbytes(self) -> int:
+    def _nbytes(self) -> int:
         return 2 * self.k_pool.numel() * self.k_pool.element_size()
 
     def _start(self) -> None:

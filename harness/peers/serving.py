@@ -49,7 +49,7 @@ class Server(Method):
     # --- what a subclass provides (and Method's missing, version, bytes_per_token) ---------------
 
     @abstractmethod
-    def nbytes(self) -> int:
+    def _nbytes(self) -> int:
         """Device bytes of the storage :meth:`start` allocated."""
 
     @abstractmethod
@@ -88,6 +88,10 @@ class Server(Method):
     def lengths(self) -> list[int]:
         """Tokens of each live sequence, in row order."""
         return list(self._lens)
+
+    def nbytes(self) -> int:
+        """Device bytes of the storage (0 before :meth:`start` allocates it)."""
+        return self._nbytes() if self._started else 0
 
     def start(self) -> None:
         """Allocate the storage (once; raises ValueError where :meth:`missing` says why not)."""
@@ -164,7 +168,7 @@ class SdpaServer(SdpaMethod, Server):
     def bytes_per_token(self) -> float:
         return 2 * self.kv_heads * self.head_dim * self.dtype.itemsize
 
-    def nbytes(self) -> int:
+    def _nbytes(self) -> int:
         return 2 * self.k_slots.numel() * self.k_slots.element_size()
 
     def _start(self) -> None:
