@@ -417,6 +417,56 @@ def test_graph_replayed_generation_matches_generate(record, seed, device, kind, 
             assert ours_layer.paged.sync_lengths() == eager_layer.paged.lengths()  # what the device holds
 
 
+def _eos_applied(new_tokens: torch.Tensor, eos: list[int]) -> torch.Tensor:
+    """What generate makes of a run's new tokens [B, N] with ``eos``: each row's tokens after its
+    first eos become PAD, and the run ends at the step where the last row finished."""
+    hits = torch.isin(new_tokens, torch.tensor(eos, device=new_tokens.device))
+    first = [int(row.nonzero()[0]) if row.any() else None for row in hits]
+    out = new_tokens.clone()
+    for r, f in enumerate(first):
+        if f is not None:
+            out[r, f + 1:] = PAD
+    return out if None in first else out[:, :max(first) + 1]
+
+
+@pytest.mark.parametrize("device", device_params())
+@pytest.mark.parametrize("kind", ["kvbits", "static"])
+def test_graph_replayed_generation_stops_at_eos(record, seed, device, kind):
+    """With eos_token_id (one id per row of a left-padded batch of two, drawn from the run without
+    it), each row gets PAD after its eos and decoding stops once both rows have one: exactly the
+    run without eos, cut as generate cuts it (the same replays, so bit for bit on every device),
+    and on CPU exactly what generate gives; the cache holds the positions of the steps run."""
+    record.backend, record.device = ("transformers" if kind == "static" else "kvbits"), device
+    record.variant = f"fp16-graphed-{kind}-eos"
+    size = _size(device)
+    model, _ = _models(size, seed, torch.float16, device)
+    ids, mask = _graph_prompt(size, seed, True, device)
+    runs = {}
+    for name in ("full", "eos"):
+        cache, attention = _graph_cache(kind, model, size, size.new)
+        eos = None if name == "full" else [int(runs["full"][0, size.prompt + 3]), int(runs["full"][1, size.prompt + 5])]
+        model.set_attn_implementation(attention)
+        try:
+            runs[name] = generate_graphed(model, ids, mask, cache=cache, max_new_tokens=size.new, eos_token_id=eos,
+                                          pad_token_id=None if eos is None else PAD)
+        finally:
+            model.set_attn_implementation("sdpa")
+    expected = _eos_applied(runs["full"][:, size.prompt:], eos)
+    record.add(new=expected.shape[1], eos=eos)
+    assert expected.shape[1] <= 6, "both rows hold an eos by step 5"
+    assert torch.equal(runs["eos"][:, size.prompt:], expected), "graph-replayed tokens with eos differ from the rule"
+    assert int(cache.get_seq_length()) == size.prompt + expected.shape[1] - 1
+    if device == "cpu":
+        model.set_attn_implementation(attention)
+        try:
+            with torch.no_grad():
+                theirs = model.generate(ids, attention_mask=mask, past_key_values=_graph_cache(kind, model, size, size.new)[0],
+                                        max_new_tokens=size.new, eos_token_id=eos, pad_token_id=PAD, do_sample=False)
+        finally:
+            model.set_attn_implementation("sdpa")
+        assert torch.equal(runs["eos"], theirs), "generate_graphed with eos differs from generate"
+
+
 @pytest.mark.parametrize("device", device_params())
 def test_graph_replayed_generation_stopped_by_its_streamer(record, seed, device):
     """A streamer that raises part-way through the replays: the exception reaches the caller and
@@ -565,6 +615,10 @@ BAD = {
     "graphed_right_padded": (lambda: generate_graphed(_tiny_model(ATTENTION_NAME), _ids(10), torch.tensor(
         [[1] * 8 + [0] * 2]), cache=_kv(_tiny_model(ATTENTION_NAME)), max_new_tokens=2), ValueError,
         "masks the last column of rows [0]"),
+    "graphed_eos_not_int": (lambda: generate_graphed(_tiny_model(ATTENTION_NAME), _ids(10), cache=_kv(
+        _tiny_model(ATTENTION_NAME)), max_new_tokens=2, eos_token_id="2"), TypeError, "eos_token_id must be an int"),
+    "graphed_pad_without_eos": (lambda: generate_graphed(_tiny_model(ATTENTION_NAME), _ids(10), cache=_kv(
+        _tiny_model(ATTENTION_NAME)), max_new_tokens=2, pad_token_id=0), ValueError, "without eos_token_id"),
     "graphed_static_with_kvbits_attention": (lambda: generate_graphed(_tiny_model(ATTENTION_NAME), _ids(10), cache=
         StaticCache(config=_tiny(), max_cache_len=16), max_new_tokens=2), ValueError, "attn_implementation='sdpa'"),
 }

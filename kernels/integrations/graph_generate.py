@@ -21,8 +21,9 @@ StaticCache's pass a boolean mask over its slots [B, 1, 1, max_cache_len], the p
 tokens and each new one set. Position ids count each row's real tokens, as ``generate`` does with
 left padding.
 
-Greedy only, exactly ``max_new_tokens`` tokens (no stop at an end-of-sequence token: cut the
-sequences after it). On a device without CUDA graphs (CPU), and for a KVBitsCache with
+Greedy only. With ``eos_token_id`` a row that emits it is given ``pad_token_id`` from then on and
+the loop stops once every row has (one read of the device per step, as ``generate`` reads its
+stopping flag); without it, exactly ``max_new_tokens`` tokens. On a device without CUDA graphs (CPU), and for a KVBitsCache with
 ``backend="torch"`` (whose appends read lengths on the host), the same steps run eagerly, one
 forward each.
 """
@@ -41,20 +42,24 @@ STATIC_ATTENTION = "sdpa"  # the attention a StaticCache is replayed with: it re
 
 
 def generate_graphed(model, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None, *,
-                     cache: KVBitsCache | StaticCache, max_new_tokens: int, return_logits: bool = False,
-                     streamer=None):
+                     cache: KVBitsCache | StaticCache, max_new_tokens: int, eos_token_id: int | list[int] | None = None,
+                     pad_token_id: int | None = None, return_logits: bool = False, streamer=None):
     """Greedy decoding of ``max_new_tokens`` tokens after ``input_ids`` [B, S] (int64; left-padded
     rows with ``attention_mask`` [B, S], 1 for a real token, every row's last column real) with
     ``model`` on ``cache``: a fresh KVBitsCache (model loaded with ``attn_implementation="kvbits"``)
-    or StaticCache (``"sdpa"``) for S + max_new_tokens positions. Returns the sequences [B, S +
-    max_new_tokens], and with ``return_logits`` also each new token's logits [B, max_new_tokens, V]
-    (float32). The cache holds S + max_new_tokens - 1 positions afterwards, as after ``generate``,
-    also when the replays stop on an exception (from the streamer, or an interrupt).
+    or StaticCache (``"sdpa"``) for S + max_new_tokens positions. ``eos_token_id`` (one id or a
+    list): a row that emits one is finished, its later tokens ``pad_token_id`` (default: the first
+    eos id), and decoding stops once every row is, as ``generate`` does. Returns the sequences
+    [B, S + N] (N new tokens: max_new_tokens, or fewer when every row finished), and with
+    ``return_logits`` also each new token's logits [B, N, V] (float32). The cache holds S + N - 1
+    positions afterwards, as after ``generate``, also when the replays stop on an exception (from
+    the streamer, or an interrupt).
     ``streamer``: as ``generate``'s: ``put`` with the prompt (on the CPU), then with each new token
     (CPU, [B]), then ``end``; a replayed token is put once the next replay is queued, so that the
     device does not wait on the streamer."""
     target = _target(model, cache)
     _check(target, input_ids, attention_mask, max_new_tokens)
+    stop = _EosStop.make(eos_token_id, pad_token_id, input_ids)
     puts = _Puts(streamer)
     puts.now(input_ids)
     batch, prompt = input_ids.shape
@@ -64,9 +69,11 @@ def generate_graphed(model, input_ids: torch.Tensor, attention_mask: torch.Tenso
                     past_key_values=cache, use_cache=True, logits_to_keep=1)
         logits = out.logits[:, -1].float()
         tokens, kept = [logits.argmax(-1, keepdim=True)], [logits.clone()] if return_logits else None
+        if stop is not None:
+            stop.pick(tokens[0])
         puts.now(tokens[0][:, 0])
-        if max_new_tokens > 1:
-            _decode(model, target, tokens, kept, attention_mask, prompt, max_new_tokens - 1, logits, puts)
+        if max_new_tokens > 1 and not (stop is not None and stop.all_finished()):
+            _decode(model, target, tokens, kept, attention_mask, prompt, max_new_tokens - 1, logits, puts, stop)
     target.check_errors()
     puts.end()
     sequences = torch.cat([input_ids, *tokens], dim=1)
@@ -163,10 +170,11 @@ def _target(model, cache) -> _KVBitsTarget | _StaticTarget:
 
 
 def _decode(model, target, tokens: list, kept: list | None, attention_mask, prompt: int, steps: int,
-            logits: torch.Tensor, puts: _Puts) -> None:
-    """``steps`` decode steps after the prompt's: the first eager (the warm-up), the rest replayed
-    from one captured step where the target is capturable (eager otherwise); each step's token
-    appended to ``tokens`` (and its logits to ``kept``) and put to ``puts``."""
+            logits: torch.Tensor, puts: _Puts, stop: _EosStop | None) -> None:
+    """Up to ``steps`` decode steps after the prompt's: the first eager (the warm-up), the rest
+    replayed from one captured step where the target is capturable (eager otherwise); each step's
+    token appended to ``tokens`` (and its logits to ``kept``) and put to ``puts``; no more once
+    ``stop`` finds every row finished."""
     batch, device = tokens[0].shape[0], tokens[0].device
     inputs = target.prepare(steps, attention_mask, prompt)  # before the warm-up plans
     token = tokens[0].clone()  # the static buffers the step reads and advances
@@ -181,27 +189,31 @@ def _decode(model, target, tokens: list, kept: list | None, attention_mask, prom
                     past_key_values=target.cache, use_cache=True, logits_to_keep=1, **inputs)
         last.copy_(out.logits[:, -1])
         token.copy_(last.argmax(-1, keepdim=True))
+        if stop is not None:
+            stop.pick(token)
         position.add_(1)
         cache_position.add_(1)
 
-    def collect(replayed: bool):
+    def collect(replayed: bool) -> bool:
+        """Keep the step's token; whether decoding goes on."""
         tokens.append(token.clone())
         if kept is not None:
             kept.append(last.clone())
         puts.put(tokens[-1][:, 0], replayed)
+        return stop is None or not stop.all_finished()
 
     if not target.capturable(device):
         for _ in range(steps):
             step()
-            collect(False)
+            if not collect(False):
+                break
         return
     side = torch.cuda.Stream()  # warm-up on a side stream, as torch.cuda.graph asks
     side.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(side):
         step()
     torch.cuda.current_stream().wait_stream(side)
-    collect(False)
-    if steps == 1:
+    if not collect(False) or steps == 1:
         return
     graph = torch.cuda.CUDAGraph()
     target.before_capture()
@@ -212,10 +224,45 @@ def _decode(model, target, tokens: list, kept: list | None, attention_mask, prom
         for _ in range(steps - 1):
             graph.replay()
             replays += 1
-            collect(True)
+            if not collect(True):
+                break
         puts.flush()
     finally:
         target.replayed(replays)  # also when a put or an interrupt stops the replays
+
+
+class _EosStop:
+    """Which rows have emitted an end-of-sequence id, on the device: :meth:`pick` (capturable) gives a
+    finished row's next token ``pad`` and marks rows whose token is one of ``eos``."""
+
+    def __init__(self, eos: torch.Tensor, pad: int, batch: int):
+        self.eos, self.pad = eos, pad
+        self.finished = torch.zeros((batch, 1), dtype=torch.bool, device=eos.device)
+
+    @classmethod
+    def make(cls, eos_token_id, pad_token_id, input_ids: torch.Tensor) -> _EosStop | None:
+        if eos_token_id is None:
+            if pad_token_id is not None:
+                raise ValueError("pad_token_id is given without eos_token_id: it only fills finished rows")
+            return None
+        ids = [eos_token_id] if isinstance(eos_token_id, int) and not isinstance(eos_token_id, bool) else eos_token_id
+        if not isinstance(ids, (list, tuple)) or not ids:
+            raise TypeError(f"eos_token_id must be an int or a non-empty list of ints; got {eos_token_id!r}")
+        for i in ids:
+            if require_int("eos_token_id", i) < 0:
+                raise ValueError(f"eos_token_id must be non-negative; got {i}")
+        pad = ids[0] if pad_token_id is None else require_int("pad_token_id", pad_token_id)
+        if pad < 0:
+            raise ValueError(f"pad_token_id must be non-negative; got {pad}")
+        return cls(torch.tensor(ids, dtype=torch.long, device=input_ids.device), pad, input_ids.shape[0])
+
+    def pick(self, token: torch.Tensor) -> None:
+        """token [B, 1], in place."""
+        token.masked_fill_(self.finished, self.pad)
+        self.finished.logical_or_(torch.isin(token, self.eos))
+
+    def all_finished(self) -> bool:
+        return bool(self.finished.all())  # a read of the device: the host decides whether to go on
 
 
 class _Puts:
