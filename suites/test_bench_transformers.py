@@ -11,7 +11,8 @@ then StaticCache and the kvbits cache again with every decode step replayed from
 CUDA graph (``static-graph``, ``kvbits-3bit-graph``:
 :func:`kernels.integrations.graph_generate.generate_graphed`, its steps timed through its
 streamer, the capture left out): the bf16 cache and the packed one without the host's per-step
-work.
+work; and the kvbits graph sampling (``kvbits-3bit-graph-sample``: temperature 0.6, top-p 0.9),
+the cost of the draw over the vocabulary.
 Per case: decode tokens per second and ms per step, prefill seconds, peak device memory above the
 weights, the cache's bytes per token across the layers and the longest context one sequence fits
 in 80 and 141 GB beside the weights. In the interpreter on CPU, a two-layer model at tiny sizes.
@@ -44,7 +45,10 @@ TINY = dict(hidden_size=128, intermediate_size=256, num_attention_heads=4, num_k
             num_hidden_layers=2, vocab_size=256)
 # (batch, prompt tokens): batch 8 at 128K is left out: the bf16 caches need 128 GB for it
 CASES = [(1, 8192), (1, 32768), (1, 131072), (8, 8192), (8, 32768)] if GPU else [(1, 96), (2, 70)]
-CACHES = ("dynamic", "static", "static-graph", "quanto-int4", "kvbits-3bit", "kvbits-3bit-graph")
+CACHES = ("dynamic", "static", "static-graph", "quanto-int4", "kvbits-3bit", "kvbits-3bit-graph",
+          "kvbits-3bit-graph-sample")
+# what the sampled graph case draws with: Llama-3-8B-Instruct's generation settings
+SAMPLING = {"do_sample": True, "temperature": 0.6, "top_p": 0.9}
 STEPS = 32 if GPU else 3
 MEMORY_GB = (80, 141)  # device sizes the longest context is given for
 
@@ -77,7 +81,7 @@ def _cache(kind: str, net, capacity: int):
 
         return QuantizedCache("quanto", net.config, nbits=4, q_group_size=GROUP_SIZE,
                               residual_length=RESIDUAL_LENGTH), "sdpa"
-    return KVBitsCache(net.config, max_cache_len=capacity, bits=3), ATTENTION_NAME  # kvbits-3bit, -graph
+    return KVBitsCache(net.config, max_cache_len=capacity, bits=3), ATTENTION_NAME  # kvbits-3bit, -graph(-sample)
 
 
 def _quanto_missing() -> str | None:
@@ -121,8 +125,8 @@ def test_bench_generate(record, model, batch, prompt, kind):
         torch.cuda.reset_peak_memory_stats()
         before = torch.cuda.memory_allocated()
     try:
-        if kind.endswith("-graph"):
-            prefill_s, ms, token = _graphed_steps(model, ids, cache)
+        if "-graph" in kind:
+            prefill_s, ms, token = _graphed_steps(model, ids, cache, SAMPLING if kind.endswith("-sample") else {})
         else:
             prefill_s, ms, token = _eager_steps(model, ids, cache, prompt)
     finally:
@@ -132,15 +136,15 @@ def test_bench_generate(record, model, batch, prompt, kind):
     figures = {"ms": median, "tokens_per_s": batch / (median / 1e3), "prefill_s": prefill_s,
                "bytes_per_token": per_token, "max_ms": max(ms),
                "shape": f"Llama-3-8B-shaped ({config.num_hidden_layers} layers, random weights), B={batch} "
-                        f"S={prompt}, {STEPS} greedy steps, " + ("replayed from a CUDA graph" if kind.endswith("-graph")
-                                                                 else "eager")}
+                        f"S={prompt}, {STEPS} {'sampled' if kind.endswith('-sample') else 'greedy'} steps, "
+                        + ("replayed from a CUDA graph" if "-graph" in kind else "eager")}
     if GPU:
         figures["peak_gb_above_weights"] = (torch.cuda.max_memory_allocated() - before) / 1e9
         for gb in MEMORY_GB:  # one sequence, beside the weights and 10% for activations
             figures[f"longest_context_{gb}gb"] = int((gb * 1e9 * 0.9 - weights) // per_token)
     record.add(**figures)
     assert token.shape == (batch, 1) and bool((token >= 0).all())
-    assert cache.get_seq_length() == prompt + STEPS + (GRAPH_EXTRA if kind.endswith("-graph") else 0)
+    assert cache.get_seq_length() == prompt + STEPS + (GRAPH_EXTRA if "-graph" in kind else 0)
 
 
 def _eager_steps(model, ids, cache, prompt: int) -> tuple[float, list[float], torch.Tensor]:
@@ -189,12 +193,13 @@ class _StepClock:
         pass
 
 
-def _graphed_steps(model, ids, cache) -> tuple[float, list[float], torch.Tensor]:
-    """generate_graphed with STEPS + GRAPH_EXTRA + 1 new tokens: (prefill seconds, ms of each of the
-    STEPS replays between the second and the last, each a replay and its token's copy, the last
-    token [B, 1])."""
+def _graphed_steps(model, ids, cache, sampling: dict) -> tuple[float, list[float], torch.Tensor]:
+    """generate_graphed with STEPS + GRAPH_EXTRA + 1 new tokens (greedy, or ``sampling``'s draw):
+    (prefill seconds, ms of each of the STEPS replays between the second and the last, each a
+    replay and its token's copy, the last token [B, 1])."""
     clock = _StepClock()
-    sequences = generate_graphed(model, ids, cache=cache, max_new_tokens=STEPS + GRAPH_EXTRA + 1, streamer=clock)
+    sequences = generate_graphed(model, ids, cache=cache, max_new_tokens=STEPS + GRAPH_EXTRA + 1, streamer=clock,
+                                 **sampling)
     t = clock.times
     replays = t[3:-1]  # the second replay's end (the capture before the first left out) and each one after
     return t[1] - t[0], [(b - a) * 1e3 for a, b in zip(replays, replays[1:], strict=False)], sequences[:, -1:]

@@ -43,6 +43,12 @@ from transformers import (  # noqa: E402
     StaticCache,
 )
 from transformers.cache_utils import QuantizedCache  # noqa: E402
+from transformers.generation.logits_process import (  # noqa: E402
+    LogitsProcessorList,
+    TemperatureLogitsWarper,
+    TopKLogitsWarper,
+    TopPLogitsWarper,
+)
 from transformers.utils.import_utils import (  # noqa: E402
     KERNELS_MAX_VERSION,
     KERNELS_MIN_VERSION,
@@ -83,7 +89,9 @@ class Size:
                            num_attention_heads=self.heads, num_key_value_heads=self.kv_heads,
                            head_dim=self.head_dim, num_hidden_layers=self.layers, vocab_size=self.vocab,
                            max_position_embeddings=2 * (self.prompt + self.new), pad_token_id=PAD,
-                           attn_implementation="sdpa")
+                           # no eos of the model's own: generate would mask it until min_new_tokens,
+                           # generate_graphed takes eos only as an argument (the eos case passes one to both)
+                           eos_token_id=None, attn_implementation="sdpa")
 
 
 SMALL = Size(hidden=256, heads=4, kv_heads=2, head_dim=64, layers=2, vocab=512, prompt=100, new=24, group=32)
@@ -112,11 +120,12 @@ def _prompt(gen: torch.Generator, size: Size, rows: int, length: int, device) ->
     return torch.randint(1, size.vocab, (rows, length), generator=gen).to(device)
 
 
-def _generate(model, ids, mask=None, *, new: int, cache=None, attention="sdpa", sample_seed=None):
+def _generate(model, ids, mask=None, *, new: int, cache=None, attention="sdpa", sample_seed=None, sampling=None):
     """(sequences [B, S + new], per-step logits [B, new, V] in float64) of greedy generation (or
-    sampling seeded with ``sample_seed``) with ``attention`` and ``cache``."""
+    sampling seeded with ``sample_seed``: plain, or with the warpers' arguments ``sampling``) with
+    ``attention`` and ``cache``."""
     model.set_attn_implementation(attention)
-    kw = {"do_sample": False} if sample_seed is None else {"do_sample": True, "top_k": 0}
+    kw = {"do_sample": False} if sample_seed is None else {"do_sample": True, "top_k": 0, **(sampling or {})}
     if sample_seed is not None:
         torch.manual_seed(sample_seed)
     with torch.no_grad():
@@ -467,6 +476,55 @@ def test_graph_replayed_generation_stops_at_eos(record, seed, device, kind):
         assert torch.equal(runs["eos"], theirs), "generate_graphed with eos differs from generate"
 
 
+SAMPLING = {"temperature": 0.7, "top_k": 40, "top_p": 0.9}  # each of generate's warpers in play
+
+
+@pytest.mark.parametrize("device", device_params())
+@pytest.mark.parametrize("kind", ["kvbits", "static"])
+def test_graph_replayed_sampling_draws_as_generate(record, seed, device, kind):
+    """do_sample with temperature, top-k and top-p, seeded, on a left-padded batch of two: each
+    token generate_graphed draws is the one generate's own rule (transformers' warpers, then
+    torch.multinomial) draws from the same logits after the same seed, the replayed steps' too (a
+    graph's draws must follow the default generator as eager ones do); the seed repeats the run,
+    another seed changes it; on CPU the run is generate's bit for bit, and on a GPU its logits are
+    generate's until the tokens part."""
+    record.backend, record.device = ("transformers" if kind == "static" else "kvbits"), device
+    record.variant = f"fp16-graphed-{kind}-sample"
+    size = _size(device)
+    model, _ = _models(size, seed, torch.float16, device)
+    ids, mask = _graph_prompt(size, seed, True, device)
+
+    def run(sample_seed: int):
+        cache, attention = _graph_cache(kind, model, size, size.new)
+        model.set_attn_implementation(attention)
+        try:
+            torch.manual_seed(sample_seed)
+            return generate_graphed(model, ids, mask, cache=cache, max_new_tokens=size.new, do_sample=True,
+                                    return_logits=True, **SAMPLING)
+        finally:
+            model.set_attn_implementation("sdpa")
+
+    (seq, logits), (again, _), (other, _) = run(seed), run(seed), run(seed + 1)
+    warpers = LogitsProcessorList([TemperatureLogitsWarper(SAMPLING["temperature"]),
+                                   TopKLogitsWarper(SAMPLING["top_k"]), TopPLogitsWarper(SAMPLING["top_p"])])
+    torch.manual_seed(seed)
+    drawn = torch.stack([torch.multinomial(warpers(None, logits[:, n]).softmax(-1), 1)[:, 0]
+                         for n in range(size.new)], 1)
+    their_cache, attention = _graph_cache(kind, model, size, size.new)
+    theirs, their_logits = _generate(model, ids, mask, new=size.new, cache=their_cache, attention=attention,
+                                     sample_seed=seed, sampling=SAMPLING)
+    first = _first_difference(seq, theirs, size.prompt)
+    steps = size.new if first is None else first + 1
+    err = float(_step_errors(logits.double()[:, :steps], their_logits[:, :steps]).max())
+    tol = 0.0 if device == "cpu" else 0.05 * float(their_logits.std())
+    record.add(first_token_difference=first, max_abs_err=err, tolerance=tol, new=size.new)
+    assert torch.equal(seq[:, size.prompt:], drawn), "the draws differ from generate's rule on the same logits"
+    assert torch.equal(seq, again), "a seeded run must repeat"
+    assert not torch.equal(seq, other), "another seed must draw other tokens"
+    assert err <= tol, f"sampled steps' logits differ from generate's by {err:.4g}"
+    assert first is None or device != "cpu", f"sampled tokens differ from generate's from step {first}"
+
+
 @pytest.mark.parametrize("device", device_params())
 def test_graph_replayed_generation_stopped_by_its_streamer(record, seed, device):
     """A streamer that raises part-way through the replays: the exception reaches the caller and
@@ -619,6 +677,15 @@ BAD = {
         _tiny_model(ATTENTION_NAME)), max_new_tokens=2, eos_token_id="2"), TypeError, "eos_token_id must be an int"),
     "graphed_pad_without_eos": (lambda: generate_graphed(_tiny_model(ATTENTION_NAME), _ids(10), cache=_kv(
         _tiny_model(ATTENTION_NAME)), max_new_tokens=2, pad_token_id=0), ValueError, "without eos_token_id"),
+    "graphed_temperature_when_greedy": (lambda: generate_graphed(_tiny_model(ATTENTION_NAME), _ids(10), cache=_kv(
+        _tiny_model(ATTENTION_NAME)), max_new_tokens=2, temperature=0.5), ValueError, "pass do_sample=True"),
+    "graphed_top_p_above_one": (lambda: generate_graphed(_tiny_model(ATTENTION_NAME), _ids(10), cache=_kv(
+        _tiny_model(ATTENTION_NAME)), max_new_tokens=2, do_sample=True, top_p=1.5), ValueError, "top_p must be in"),
+    "graphed_top_k_float": (lambda: generate_graphed(_tiny_model(ATTENTION_NAME), _ids(10), cache=_kv(
+        _tiny_model(ATTENTION_NAME)), max_new_tokens=2, do_sample=True, top_k=4.0), TypeError, "top_k must be an int"),
+    "graphed_zero_temperature": (lambda: generate_graphed(_tiny_model(ATTENTION_NAME), _ids(10), cache=_kv(
+        _tiny_model(ATTENTION_NAME)), max_new_tokens=2, do_sample=True, temperature=0.0), ValueError,
+        "temperature must be positive"),
     "graphed_static_with_kvbits_attention": (lambda: generate_graphed(_tiny_model(ATTENTION_NAME), _ids(10), cache=
         StaticCache(config=_tiny(), max_cache_len=16), max_new_tokens=2), ValueError, "attn_implementation='sdpa'"),
 }

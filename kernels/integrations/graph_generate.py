@@ -1,5 +1,6 @@
-"""Greedy generation whose decode steps replay one captured CUDA graph: the model's whole forward
-(every layer's append and attention with it), the greedy pick and the move to the next position,
+"""Generation whose decode steps replay one captured CUDA graph: the model's whole forward (every
+layer's append and attention with it), the pick of the next token (greedy, or a draw with
+``generate``'s temperature, top-k and top-p) and the move to the next position,
 with no host work per token but the replay::
 
     model = AutoModelForCausalLM.from_pretrained(name, attn_implementation="kvbits")
@@ -15,17 +16,19 @@ pools reserve their pages and decode plans; a StaticCache's slots are preallocat
 step runs eagerly on static buffers (the token, its positions, for a StaticCache the mask over its
 slots) as the warm-up, the same step is captured, and the graph is replayed for each further
 token. transformers' ``generate`` is not used: its per-step host work (masks, positions, stopping
-criteria, logits processors) is what the graph leaves out. A KVBitsCache's decode steps pass no
+criteria, the draw's checks of its probabilities) is what the graph leaves out. A KVBitsCache's decode steps pass no
 attention mask (each row's cache holds its real tokens only, so the fused decode needs none); a
 StaticCache's pass a boolean mask over its slots [B, 1, 1, max_cache_len], the prompt's real
 tokens and each new one set. Position ids count each row's real tokens, as ``generate`` does with
 left padding.
 
-Greedy only. With ``eos_token_id`` a row that emits it is given ``pad_token_id`` from then on and
-the loop stops once every row has (one read of the device per step, as ``generate`` reads its
-stopping flag); without it, exactly ``max_new_tokens`` tokens. On a device without CUDA graphs (CPU), and for a KVBitsCache with
-``backend="torch"`` (whose appends read lengths on the host), the same steps run eagerly, one
-forward each.
+Greedy or sampling, as ``generate``'s ``do_sample``; a draw replayed from the graph comes from
+torch's default generator as an eager one does (each replay advances the generator's offset), so a
+seed gives ``generate``'s draws. With ``eos_token_id`` a row that emits it is given
+``pad_token_id`` from then on and the loop stops once every row has (one read of the device per
+step, as ``generate`` reads its stopping flag); without it, exactly ``max_new_tokens`` tokens. On a
+device without CUDA graphs (CPU), and for a KVBitsCache with ``backend="torch"`` (whose appends
+read lengths on the host), the same steps run eagerly, one forward each.
 """
 
 from __future__ import annotations
@@ -36,18 +39,24 @@ import torch
 from transformers import StaticCache
 
 from .._checks import require_int, require_tensor
+from .next_token import EosStop, TokenPicker
 from .transformers import ATTENTION_NAME, KVBitsCache
 
 STATIC_ATTENTION = "sdpa"  # the attention a StaticCache is replayed with: it reads a boolean 4D mask
 
 
 def generate_graphed(model, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None, *,
-                     cache: KVBitsCache | StaticCache, max_new_tokens: int, eos_token_id: int | list[int] | None = None,
-                     pad_token_id: int | None = None, return_logits: bool = False, streamer=None):
-    """Greedy decoding of ``max_new_tokens`` tokens after ``input_ids`` [B, S] (int64; left-padded
+                     cache: KVBitsCache | StaticCache, max_new_tokens: int, do_sample: bool = False,
+                     temperature: float | None = None, top_k: int | None = None, top_p: float | None = None,
+                     eos_token_id: int | list[int] | None = None, pad_token_id: int | None = None,
+                     return_logits: bool = False, streamer=None):
+    """Greedy decoding (or sampling) of ``max_new_tokens`` tokens after ``input_ids`` [B, S] (int64; left-padded
     rows with ``attention_mask`` [B, S], 1 for a real token, every row's last column real) with
     ``model`` on ``cache``: a fresh KVBitsCache (model loaded with ``attn_implementation="kvbits"``)
-    or StaticCache (``"sdpa"``) for S + max_new_tokens positions. ``eos_token_id`` (one id or a
+    or StaticCache (``"sdpa"``) for S + max_new_tokens positions. ``do_sample`` draws each token
+    as ``generate`` does with the same ``temperature``, ``top_k`` and ``top_p`` (None: not applied;
+    the model's generation_config is not read) from torch's default generator, so that
+    ``torch.manual_seed`` before either call gives the same draws. ``eos_token_id`` (one id or a
     list): a row that emits one is finished, its later tokens ``pad_token_id`` (default: the first
     eos id), and decoding stops once every row is, as ``generate`` does. Returns the sequences
     [B, S + N] (N new tokens: max_new_tokens, or fewer when every row finished), and with
@@ -59,7 +68,8 @@ def generate_graphed(model, input_ids: torch.Tensor, attention_mask: torch.Tenso
     device does not wait on the streamer."""
     target = _target(model, cache)
     _check(target, input_ids, attention_mask, max_new_tokens)
-    stop = _EosStop.make(eos_token_id, pad_token_id, input_ids)
+    pick = TokenPicker(do_sample, temperature, top_k, top_p)
+    stop = EosStop.make(eos_token_id, pad_token_id, input_ids)
     puts = _Puts(streamer)
     puts.now(input_ids)
     batch, prompt = input_ids.shape
@@ -68,12 +78,13 @@ def generate_graphed(model, input_ids: torch.Tensor, attention_mask: torch.Tenso
                     position_ids=_prompt_positions(attention_mask, batch, prompt, input_ids.device),
                     past_key_values=cache, use_cache=True, logits_to_keep=1)
         logits = out.logits[:, -1].float()
-        tokens, kept = [logits.argmax(-1, keepdim=True)], [logits.clone()] if return_logits else None
+        tokens, kept = [pick(logits)], [logits.clone()] if return_logits else None
         if stop is not None:
             stop.pick(tokens[0])
         puts.now(tokens[0][:, 0])
         if max_new_tokens > 1 and not (stop is not None and stop.all_finished()):
-            _decode(model, target, tokens, kept, attention_mask, prompt, max_new_tokens - 1, logits, puts, stop)
+            _decode(model, target, tokens, kept, attention_mask, prompt, max_new_tokens - 1, logits, pick, puts,
+                    stop)
     target.check_errors()
     puts.end()
     sequences = torch.cat([input_ids, *tokens], dim=1)
@@ -170,9 +181,10 @@ def _target(model, cache) -> _KVBitsTarget | _StaticTarget:
 
 
 def _decode(model, target, tokens: list, kept: list | None, attention_mask, prompt: int, steps: int,
-            logits: torch.Tensor, puts: _Puts, stop: _EosStop | None) -> None:
+            logits: torch.Tensor, pick: TokenPicker, puts: _Puts, stop: EosStop | None) -> None:
     """Up to ``steps`` decode steps after the prompt's: the first eager (the warm-up), the rest
-    replayed from one captured step where the target is capturable (eager otherwise); each step's
+    replayed from one captured step where the target is capturable (eager otherwise), ``pick``
+    choosing each token (a draw in a replay comes from the default generator as an eager one does); each step's
     token appended to ``tokens`` (and its logits to ``kept``) and put to ``puts``; no more once
     ``stop`` finds every row finished."""
     batch, device = tokens[0].shape[0], tokens[0].device
@@ -188,7 +200,7 @@ def _decode(model, target, tokens: list, kept: list | None, attention_mask, prom
         out = model(input_ids=token, position_ids=position, cache_position=cache_position,
                     past_key_values=target.cache, use_cache=True, logits_to_keep=1, **inputs)
         last.copy_(out.logits[:, -1])
-        token.copy_(last.argmax(-1, keepdim=True))
+        token.copy_(pick(last))
         if stop is not None:
             stop.pick(token)
         position.add_(1)
@@ -229,40 +241,6 @@ def _decode(model, target, tokens: list, kept: list | None, attention_mask, prom
         puts.flush()
     finally:
         target.replayed(replays)  # also when a put or an interrupt stops the replays
-
-
-class _EosStop:
-    """Which rows have emitted an end-of-sequence id, on the device: :meth:`pick` (capturable) gives a
-    finished row's next token ``pad`` and marks rows whose token is one of ``eos``."""
-
-    def __init__(self, eos: torch.Tensor, pad: int, batch: int):
-        self.eos, self.pad = eos, pad
-        self.finished = torch.zeros((batch, 1), dtype=torch.bool, device=eos.device)
-
-    @classmethod
-    def make(cls, eos_token_id, pad_token_id, input_ids: torch.Tensor) -> _EosStop | None:
-        if eos_token_id is None:
-            if pad_token_id is not None:
-                raise ValueError("pad_token_id is given without eos_token_id: it only fills finished rows")
-            return None
-        ids = [eos_token_id] if isinstance(eos_token_id, int) and not isinstance(eos_token_id, bool) else eos_token_id
-        if not isinstance(ids, (list, tuple)) or not ids:
-            raise TypeError(f"eos_token_id must be an int or a non-empty list of ints; got {eos_token_id!r}")
-        for i in ids:
-            if require_int("eos_token_id", i) < 0:
-                raise ValueError(f"eos_token_id must be non-negative; got {i}")
-        pad = ids[0] if pad_token_id is None else require_int("pad_token_id", pad_token_id)
-        if pad < 0:
-            raise ValueError(f"pad_token_id must be non-negative; got {pad}")
-        return cls(torch.tensor(ids, dtype=torch.long, device=input_ids.device), pad, input_ids.shape[0])
-
-    def pick(self, token: torch.Tensor) -> None:
-        """token [B, 1], in place."""
-        token.masked_fill_(self.finished, self.pad)
-        self.finished.logical_or_(torch.isin(token, self.eos))
-
-    def all_finished(self) -> bool:
-        return bool(self.finished.all())  # a read of the device: the host decides whether to go on
 
 
 class _Puts:
