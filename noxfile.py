@@ -265,15 +265,15 @@ def compile_matrix(session: nox.Session) -> None:
         try:
             session.run(*commands.aot_command(python), env=commands.AOT_ENV, external=_installed(session))
         except CommandFailed:
-            failed.append(f"kernels.aot with triton {version}")
+            failed.append(f"kvbits.aot with triton {version}")
 
     if shutil.which("nvcc") is None:
-        session.warn("nvcc not found: the compile check of kernels/cuda/*.cu is skipped")
+        session.warn("nvcc not found: the compile check of kvbits/cuda/*.cu is skipped")
     else:
         try:
             session.run(python, "-m", "harness.compile.compile_cuda", external=_installed(session))
         except CommandFailed:
-            failed.append("nvcc kernels/cuda/*.cu")
+            failed.append("nvcc kvbits/cuda/*.cu")
     if failed:
         session.error(f"compile_matrix failed: {'; '.join(failed)}")
 

@@ -28,8 +28,8 @@ def main(argv: list[str] | None = None) -> int:
     build_parser().parse_args(argv)
     import torch
 
-    from kernels.affine import _launch_quantize
-    from kernels.kv_cache import QuantizedKV
+    from kvbits.affine import _launch_quantize
+    from kvbits.kv_cache import QuantizedKV
 
     b, h, s, d = SHAPE
     gen = torch.Generator(device="cuda").manual_seed(0)

@@ -25,8 +25,8 @@ sys.path.insert(0, str(ROOT))
 import torch  # noqa: E402
 
 from harness.measure.timing import bandwidth_metrics, copy_bandwidth_gbps, median_ms  # noqa: E402
-from kernels.affine import QuantizeTile, _launch_quantize, default_tile  # noqa: E402
-from kernels.kv_cache import QuantizedKV, quantize_into  # noqa: E402
+from kvbits.affine import QuantizeTile, _launch_quantize, default_tile  # noqa: E402
+from kvbits.kv_cache import QuantizedKV, quantize_into  # noqa: E402
 
 SHAPE = (8, 8, 32768, 128)
 

@@ -22,16 +22,16 @@ sys.path[:0] = [str(ROOT), str(ROOT / "suites")]
 
 import torch  # noqa: E402
 
-import kernels  # noqa: E402
-from kernels.decode import (  # noqa: E402
+import kvbits  # noqa: E402
+from kvbits.decode import (  # noqa: E402
     DecodePlan,
     decode_attention,
     decode_view,
     paged_from_contiguous,
     reference_decode,
 )
-from kernels.decode import launch as dec  # noqa: E402
-from kernels.decode import layout as arrangement  # noqa: E402
+from kvbits.decode import launch as dec  # noqa: E402
+from kvbits.decode import layout as arrangement  # noqa: E402
 
 START = time.perf_counter()
 
@@ -54,7 +54,7 @@ def correctness() -> list[dict]:
     for name, b, hq, hkv, s, d, bits, g, dt in cases:
         k, v = random_kv(b, hkv, s, d, device="cuda", dtype=dt, seed=s)
         q = random_q(b, hq, d, device="cuda", dtype=dt, seed=s + 1)
-        cache = kernels.quantize_kv(k, v, bits, group_size=g, backend="triton")
+        cache = kvbits.quantize_kv(k, v, bits, group_size=g, backend="triton")
         out = torch.full_like(q, float("nan"))
         decode_attention(q, cache, out=out)
         ref = reference_decode(q, cache)
@@ -67,7 +67,7 @@ def correctness() -> list[dict]:
     k, v = random_kv(4, 2, max(lens), 128, device="cuda", seed=7)
     q = random_q(4, 8, 128, device="cuda", seed=8)
     cache = varlen_cache(k.cpu(), v.cpu(), lens)
-    cache = kernels.QuantizedKV(cache.bits, cache.group_size, *(getattr(cache, f).cuda() for f in (
+    cache = kvbits.QuantizedKV(cache.bits, cache.group_size, *(getattr(cache, f).cuda() for f in (
         "k_codes", "k_scale", "k_zero", "v_codes", "v_scale", "v_zero", "k_residual", "v_residual", "seq_lens")))
     out = decode_attention(q, cache)
     ref = reference_decode(q, cache)
@@ -85,7 +85,7 @@ def shape_case(b: int, hq: int, hkv: int, s: int, d: int, seed: int):
 
     k, v = random_kv(b, hkv, s, d, device="cuda", seed=seed)
     q = random_q(b, hq, d, device="cuda", seed=seed + 1)
-    return f"B={b} Hq={hq} Hkv={hkv} S={s}", q, kernels.quantize_kv(k, v, 3, backend="triton")
+    return f"B={b} Hq={hq} Hkv={hkv} S={s}", q, kvbits.quantize_kv(k, v, 3, backend="triton")
 
 
 def fused_ms(q, cache, tile=None, warps=None) -> float:

@@ -35,9 +35,9 @@ from decode_loop_support import (  # noqa: E402
     timed_steps,
 )
 
-import kernels  # noqa: E402
+import kvbits  # noqa: E402
 from harness.peers.serving import SdpaServer  # noqa: E402
-from kernels.decode import reference_decode  # noqa: E402
+from kvbits.decode import reference_decode  # noqa: E402
 from suites.peers_support import KvbitsServer  # noqa: E402
 
 START = time.perf_counter()
@@ -64,8 +64,8 @@ def host_ms(fn, n=200) -> float:
 def host_breakdown(plan, q, cache) -> dict:
     """Host time of the pieces of a planned step: the split kernel through its compiled launcher and
     through the JIT function, an output allocation, the lengths' update."""
-    from kernels.decode.direct_launch import specialization
-    from kernels.decode.kernel import _decode_split_kernel
+    from kvbits.decode.direct_launch import specialization
+    from kvbits.decode.kernel import _decode_split_kernel
 
     split = plan._split
     key = specialization(q)
@@ -99,7 +99,7 @@ def kvbits_case(b, hq, hkv, s, d, steps):
     res["host_attend_ms"] = host_ms(lambda: cache.attend(qs[1]))
     plan = cache._plan
     res["host_plan_run_ms"] = host_ms(lambda: plan.run(qs[1]))
-    res["host_decode_attention_ms"] = host_ms(lambda: kernels.decode_attention(qs[1], view))
+    res["host_decode_attention_ms"] = host_ms(lambda: kvbits.decode_attention(qs[1], view))
     res["host_breakdown_ms"] = host_breakdown(plan, qs[1], cache)
     res["host_append_ms"] = host_ms(lambda: cache.append(toks[2], toks[3]), n=50)
     figures = kvbits_steps(cache, toks, qs, steps)
@@ -136,7 +136,7 @@ def main() -> None:
                                                     "(page_append.WORD_SHARES)")
     args = ap.parse_args()
     if args.word_shares:
-        from kernels.decode import append as page_append
+        from kvbits.decode import append as page_append
 
         page_append.WORD_SHARES = args.word_shares
     out = Path(args.out)

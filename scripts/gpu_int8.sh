@@ -13,8 +13,8 @@ results="${1:-reports/runs/int8-$(date -u +%Y%m%dT%H%M%SZ)}"
 mkdir -p "$results"
 
 TRITON_INTERPRET=0 python - <<'PY'
-from kernels.aot import compile_spec
-from kernels.int8 import AOT_SPECS
+from kvbits.aot import compile_spec
+from kvbits.int8 import AOT_SPECS
 for spec in AOT_SPECS:
     compile_spec(spec, 90)
 print(f"{len(AOT_SPECS)} int8 Triton kernels compiled for sm_90")

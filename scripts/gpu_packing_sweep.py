@@ -31,7 +31,7 @@ from harness.measure.timing import (  # noqa: E402
     median_ms,
     write_bandwidth_gbps,
 )
-from kernels import pack_bits, packing, unpack_bits  # noqa: E402
+from kvbits import pack_bits, packing, unpack_bits  # noqa: E402
 
 # The experiment is compiled in one unit after the library's pack3.cu, whose lane helpers it uses.
 EXPERIMENT_CU = r"""
@@ -110,8 +110,8 @@ def triton_variants(packed: torch.Tensor, values: torch.Tensor):
 
 
 def cuda_variants(packed: torch.Tensor):
-    from kernels.cuda import load_extension
-    from kernels.cuda.loader import source_path
+    from kvbits.cuda import load_extension
+    from kvbits.cuda.loader import source_path
 
     ext = load_extension("pack3_sweep_experiment", functions=["unpack3_sweep"],
                          declarations="torch::Tensor unpack3_sweep(torch::Tensor packed, int64_t quads, "

@@ -7,7 +7,7 @@ export PYTHONUNBUFFERED=1 KVH_EXT_DIR="${KVH_EXT_DIR:-/tmp/kvh_ext}"
 out="${OUT:-reports/runs}"
 nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.mem --format=csv
 python -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)"
-TRITON_INTERPRET=0 python -m kernels.aot --arch 90 | tail -4
+TRITON_INTERPRET=0 python -m kvbits.aot --arch 90 | tail -4
 python -m harness.compile.compile_cuda | grep -E "^(ok|FAIL)|failure" || true
 python -m pytest "$@" -p no:cacheprovider --results-dir "$out/run" -q -rfE --timeout 300 2>&1 | tail -80
 status=${PIPESTATUS[0]}

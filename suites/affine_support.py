@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-import kernels
-from kernels._runtime import triton_interpreted
-from kernels.kv_cache import QuantizedKV
+import kvbits
+from kvbits._runtime import triton_interpreted
+from kvbits.kv_cache import QuantizedKV
 from suites.common import triton_skip_reason
 
 FIELDS = ("k_codes", "k_scale", "k_zero", "v_codes", "v_scale", "v_zero", "k_residual", "v_residual", "seq_lens")
@@ -134,7 +134,7 @@ def elements(qkv: QuantizedKV) -> int:
 
 
 def quantize(k, v, bits, group_size, backend, **kw) -> QuantizedKV:
-    return kernels.quantize_kv(k, v, bits, group_size=group_size, backend=backend, **kw)
+    return kvbits.quantize_kv(k, v, bits, group_size=group_size, backend=backend, **kw)
 
 
 # ----------------------------------------------------------------------------- attention figures

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from kernels._runtime import triton_interpreted
+from kvbits._runtime import triton_interpreted
 
 
 def triton_skip_reason(device: str) -> str | None:

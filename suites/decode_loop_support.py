@@ -2,7 +2,7 @@
 benchmark (suites/peers_support.py) and scripts/gpu_decode_loop.py.
 
 A step appends one token to every sequence and attends with one query token per sequence.
-kvbits: :class:`kernels.decode.cache.PagedKVCache` (append + attend), eager and replayed from one
+kvbits: :class:`kvbits.decode.cache.PagedKVCache` (append + attend), eager and replayed from one
 captured CUDA graph. fp16: a preallocated fp16 cache, the token written in place and flash SDPA
 over the tokens so far (eager), or a captured step at the starting length (graph: SDPA takes no
 device-side length, so a graph of it attends a fixed length).
@@ -17,8 +17,8 @@ import torch
 import torch.nn.functional as F
 
 from harness.measure.timing import Timing
-from kernels._checks import require_int
-from kernels.decode import PagedKVCache
+from kvbits._checks import require_int
+from kvbits.decode import PagedKVCache
 
 PAGE = 256  # tokens per page of the benchmarks' pools
 SOURCES = 8  # distinct token and query tensors a timed loop cycles through

@@ -7,11 +7,11 @@ import math
 import pytest
 import torch
 
-import kernels
+import kvbits
 from harness.measure.timing import graph_replay_ms, rotations
-from kernels.decode import attention_reference, decode_attention, reference_decode
-from kernels.decode.layout import default_layout
-from kernels.kv_cache import QuantizedKV
+from kvbits.decode import attention_reference, decode_attention, reference_decode
+from kvbits.decode.layout import default_layout
+from kvbits.kv_cache import QuantizedKV
 from suites.common import triton_skip_reason
 
 FP16_TOL = 2e-3  # kernel error against the float64 reference, fp16 outputs (the decode contract)
@@ -67,7 +67,7 @@ def varlen_cache(k, v, lens, *, bits=3, group_size=64, scale_dtype=torch.float16
         for name in ("k_scale", "k_zero", "v_scale", "v_zero", "k_residual", "v_residual"):
             getattr(cache, name).fill_(float("nan"))
     for i, n in enumerate(lens):
-        one = kernels.quantize_kv(k[i:i + 1, :, :n], v[i:i + 1, :, :n], bits, group_size=g,
+        one = kvbits.quantize_kv(k[i:i + 1, :, :n], v[i:i + 1, :, :n], bits, group_size=g,
                                   scale_dtype=scale_dtype, backend="torch")
         full = n // g * g
         cache.k_codes[i, :, :full] = one.k_codes[0, :, :full]
@@ -166,8 +166,8 @@ def unfused_decode(q: torch.Tensor, cache: QuantizedKV, length: int) -> torch.Te
     b, h, d, g = cache.batch, cache.heads, cache.head_dim, cache.group_size
     full = length // g * g
     backend = "triton" if q.is_cuda else "torch"
-    k = kernels.unpack_bits(cache.k_codes[:, :, :full], cache.bits, backend=backend)
-    v = kernels.unpack_bits(cache.v_codes[:, :, :full], cache.bits, backend=backend)
+    k = kvbits.unpack_bits(cache.k_codes[:, :, :full], cache.bits, backend=backend)
+    v = kvbits.unpack_bits(cache.v_codes[:, :, :full], cache.bits, backend=backend)
     ks, kz = cache.k_scale[:, :, : full // g, None, :], cache.k_zero[:, :, : full // g, None, :]
     k = ((k.view(b, h, full // g, g, d).to(ks.dtype) - kz) * ks).view(b, h, full, d)
     vs, vz = cache.v_scale[:, :, :full, :, None], cache.v_zero[:, :, :full, :, None]
@@ -197,11 +197,11 @@ def bench_shape(batch, hq, hkv, seq, dim, *, device, bits=3, layout=None, seed=0
     fused kernel must read; on a GPU also the read floor of those bytes, harness.measure.read_floor, and
     the fused kernel's speed as a percentage of it, and the eager public call)."""
     from harness.measure.timing import bandwidth_metrics, graph_replay_timing, median_ms
-    from kernels.decode import DecodePlan, decode_view
+    from kvbits.decode import DecodePlan, decode_view
 
     k, v = random_kv(batch, hkv, seq, dim, device=device, seed=seed)
     q = random_q(batch, hq, dim, device=device, seed=seed + 1)
-    cache = kernels.quantize_kv(k, v, bits, backend="triton" if device == "cuda" else "torch")
+    cache = kvbits.quantize_kv(k, v, bits, backend="triton" if device == "cuda" else "torch")
     tile, warps = layout or (None, None)
     view = decode_view(cache, tile=tile, warps=warps)
     nbytes = view.read_bytes() + 2 * q.numel() * q.element_size()

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 import torch
 
-from kernels import int8
+from kvbits import int8
 from suites.common import triton_skip_reason
 
 CUDA = torch.cuda.is_available()

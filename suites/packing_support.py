@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from kernels.packing import CUDA_BITS, geometry
+from kvbits.packing import CUDA_BITS, geometry
 from suites.common import available_devices, triton_skip_reason
 
 

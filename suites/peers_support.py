@@ -2,7 +2,7 @@
 (:class:`harness.peers.base.Peer`), and the figures of one peer at one shape, timed by the same
 code for every peer (suites/decode_loop_support.py).
 
-- :class:`KvbitsPeer`: :class:`kernels.PagedKVCache` (2, 3 or 4 bits) as a peer.
+- :class:`KvbitsPeer`: :class:`kvbits.PagedKVCache` (2, 3 or 4 bits) as a peer.
 - :data:`METHODS`: every peer of :data:`harness.peers.PEERS` and kvbits2, kvbits3, kvbits4.
 - :class:`KvbitsServer` and :data:`SERVING_METHODS`: the same for a serving batch
   (:data:`harness.peers.SERVERS`, timed by decode_loop_support.serving_batch).
@@ -23,9 +23,9 @@ from harness.measure.timing import classify_bound
 from harness.peers import PEERS, SERVERS, Peer
 from harness.peers.base import dist_version
 from harness.peers.serving import Server
-from kernels._checks import require_int, require_rank, require_tensor
-from kernels.decode import attention_reference
-from kernels.decode.layout import DECODE_BITS
+from kvbits._checks import require_int, require_rank, require_tensor
+from kvbits.decode import attention_reference
+from kvbits.decode.layout import DECODE_BITS
 from suites.decode_loop_support import (
     SOURCES,
     cycling_step,
@@ -69,7 +69,7 @@ class KvbitsMethod:
 
 
 class KvbitsPeer(KvbitsMethod, Peer):
-    """kvbits' decode loop as a peer: :class:`kernels.PagedKVCache` with ``bits`` bits per stored
+    """kvbits' decode loop as a peer: :class:`kvbits.PagedKVCache` with ``bits`` bits per stored
     K/V element (affine, groups of ``group_size``; the last partial group in an fp residual window),
     pages of decode_loop_support.PAGE tokens. :meth:`load` adds each sequence's prompt [Hkv, S, D]
     and reserves pages and the decode plan up to ``capacity``, so that a captured append + attend
@@ -107,7 +107,7 @@ class KvbitsPeer(KvbitsMethod, Peer):
 
 
 class KvbitsServer(KvbitsMethod, Server):
-    """kvbits serving a ragged batch: :class:`kernels.PagedKVCache` (``bits`` bits, groups of
+    """kvbits serving a ragged batch: :class:`kvbits.PagedKVCache` (``bits`` bits, groups of
     ``group_size``, pages of decode_loop_support.PAGE tokens, enough for every sequence to reach
     max_len) behind :class:`harness.peers.serving.Server`; its rows are the cache's rows."""
 
@@ -197,8 +197,8 @@ def activation_errors(method: str, layers: list, *, device, dtype: torch.dtype =
     64 channels or 32 where D is not a multiple of 64): the paged cache's arrangement starts at
     D = 64, and it stores the same codes bit for bit. Returns ``attn_rel_err_real`` (the mean over
     the layers) and ``attn_rel_err_real_max`` (the worst layer)."""
-    import kernels
-    from kernels.decode import decode_attention
+    import kvbits
+    from kvbits.decode import decode_attention
 
     errs = []
     for q, k, v in layers:
@@ -207,7 +207,7 @@ def activation_errors(method: str, layers: list, *, device, dtype: torch.dtype =
         query = q[:, :, -1].contiguous()
         prompt, last = (k[:, :, :-1].contiguous(), v[:, :, :-1].contiguous()), (k[:, :, -1], v[:, :, -1])
         if method.startswith("kvbits"):
-            cache = kernels.quantize_kv(*prompt, int(method.removeprefix("kvbits")),
+            cache = kvbits.quantize_kv(*prompt, int(method.removeprefix("kvbits")),
                                         group_size=64 if dim % 64 == 0 else 32, backend="torch")
             cache.append(*last, backend="torch")
             out = decode_attention(query, cache, backend="torch")

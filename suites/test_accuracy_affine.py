@@ -22,8 +22,8 @@ from affine_support import (
     relative_error,
 )
 
-import kernels
-from kernels.affine import quantize_dequantize
+import kvbits
+from kvbits.affine import quantize_dequantize
 
 BITS = (2, 3, 4, 8)
 GROUPS = (32, 64, 128)
@@ -77,8 +77,8 @@ def test_random_kv_attention_error(record, group_size, kind):
 def test_cache_error_matches_fake_quantization(record, bits):
     """The packed cache dequantizes to exactly what the unpacked round trip gives."""
     k, v = random_kv((1, 2, 256 + 9, 64), torch.float16, "cpu", seed=bits, kind="outliers")
-    qkv = kernels.quantize_kv(k, v, bits, group_size=32, backend="torch")
-    k_hat, v_hat = kernels.dequantize_kv(qkv, dtype=torch.float32)
+    qkv = kvbits.quantize_kv(k, v, bits, group_size=32, backend="torch")
+    k_hat, v_hat = kvbits.dequantize_kv(qkv, dtype=torch.float32)
     assert torch.equal(k_hat, quantize_dequantize(k, bits, group_size=32, grouping="channel"))
     n = 256
     assert torch.equal(v_hat[:, :, :n], quantize_dequantize(v[:, :, :n], bits, group_size=32, grouping="token"))

@@ -9,8 +9,8 @@ import pytest
 import torch
 from affine_support import device_backends, random_kv
 
-import kernels
-from kernels.kv_cache import QuantizedKV
+import kvbits
+from kvbits.kv_cache import QuantizedKV
 
 
 def _kv(dtype=torch.float16, shape=(1, 2, 70, 64), device="cpu"):
@@ -25,93 +25,93 @@ def _with(tensor, index, value):
 
 def _nan_in_group(device, backend):
     k, v = _kv(device=device)
-    return kernels.quantize_kv(_with(k, (0, 1, 5, 3), float("nan")), v, backend=backend)
+    return kvbits.quantize_kv(_with(k, (0, 1, 5, 3), float("nan")), v, backend=backend)
 
 
 def _inf_in_v(device, backend):
     k, v = _kv(device=device)
-    return kernels.quantize_kv(k, _with(v, (0, 0, 40, 0), float("inf")), backend=backend)
+    return kvbits.quantize_kv(k, _with(v, (0, 0, 40, 0), float("inf")), backend=backend)
 
 
 def _neg_inf_in_residual(device, backend):
     k, v = _kv(device=device)  # S = 70, G = 64: token 66 is in the residual window
-    return kernels.quantize_kv(_with(k, (0, 0, 66, 1), float("-inf")), v, backend=backend)
+    return kvbits.quantize_kv(_with(k, (0, 0, 66, 1), float("-inf")), v, backend=backend)
 
 
 def _scale_overflow_fp16(device, backend):
     k, v = _kv(torch.float32, device=device)
-    return kernels.quantize_kv(k * 1e6, v, scale_dtype=torch.float16, backend=backend)
+    return kvbits.quantize_kv(k * 1e6, v, scale_dtype=torch.float16, backend=backend)
 
 
 def _shape_mismatch(device, backend):
     k, v = _kv(device=device)
-    return kernels.quantize_kv(k, v[:, :, :-1], backend=backend)
+    return kvbits.quantize_kv(k, v[:, :, :-1], backend=backend)
 
 
 def _dtype_mismatch(device, backend):
     k, v = _kv(device=device)
-    return kernels.quantize_kv(k, v.float(), backend=backend)
+    return kvbits.quantize_kv(k, v.float(), backend=backend)
 
 
 def _int_dtype(device, backend):
     k, v = _kv(device=device)
-    return kernels.quantize_kv(k.to(torch.int8), v.to(torch.int8), backend=backend)
+    return kvbits.quantize_kv(k.to(torch.int8), v.to(torch.int8), backend=backend)
 
 
 def _rank3(device, backend):
     k, v = _kv(device=device)
-    return kernels.quantize_kv(k[0], v[0], backend=backend)
+    return kvbits.quantize_kv(k[0], v[0], backend=backend)
 
 
 def _head_dim_not_multiple(device, backend):
     k, v = _kv(shape=(1, 1, 64, 48), device=device)
-    return kernels.quantize_kv(k, v, group_size=32, backend=backend)
+    return kvbits.quantize_kv(k, v, group_size=32, backend=backend)
 
 
 def _head_dim_below_group(device, backend):
     k, v = _kv(shape=(1, 1, 64, 64), device=device)
-    return kernels.quantize_kv(k, v, group_size=128, backend=backend)
+    return kvbits.quantize_kv(k, v, group_size=128, backend=backend)
 
 
 def _bits_5(device, backend):
-    return kernels.quantize_kv(*_kv(device=device), bits=5, backend=backend)
+    return kvbits.quantize_kv(*_kv(device=device), bits=5, backend=backend)
 
 
 def _bits_str(device, backend):
-    return kernels.quantize_kv(*_kv(device=device), bits="3", backend=backend)
+    return kvbits.quantize_kv(*_kv(device=device), bits="3", backend=backend)
 
 
 def _group_16(device, backend):
-    return kernels.quantize_kv(*_kv(device=device), group_size=16, backend=backend)
+    return kvbits.quantize_kv(*_kv(device=device), group_size=16, backend=backend)
 
 
 def _scale_bf16(device, backend):
-    return kernels.quantize_kv(*_kv(device=device), scale_dtype=torch.bfloat16, backend=backend)
+    return kvbits.quantize_kv(*_kv(device=device), scale_dtype=torch.bfloat16, backend=backend)
 
 
 def _capacity_not_multiple(device, backend):
-    return kernels.quantize_kv(*_kv(device=device), capacity=100, backend=backend)
+    return kvbits.quantize_kv(*_kv(device=device), capacity=100, backend=backend)
 
 
 def _capacity_too_small(device, backend):
-    return kernels.quantize_kv(*_kv(device=device), capacity=64, backend=backend)  # S = 70 needs 128
+    return kvbits.quantize_kv(*_kv(device=device), capacity=64, backend=backend)  # S = 70 needs 128
 
 
 def _seq_lens_too_long(device, backend):
-    return kernels.quantize_kv(*_kv(device=device), seq_lens=[71], backend=backend)
+    return kvbits.quantize_kv(*_kv(device=device), seq_lens=[71], backend=backend)
 
 
 def _not_a_tensor(device, backend):
     k, v = _kv(device=device)
-    return kernels.quantize_kv(k.tolist(), v, backend=backend)
+    return kvbits.quantize_kv(k.tolist(), v, backend=backend)
 
 
 def _backend_cuda(device, backend):
-    return kernels.quantize_kv(*_kv(device=device), backend="cuda")
+    return kvbits.quantize_kv(*_kv(device=device), backend="cuda")
 
 
 def _backend_unknown(device, backend):
-    return kernels.quantize_kv(*_kv(device=device), backend="numpy")
+    return kvbits.quantize_kv(*_kv(device=device), backend="numpy")
 
 
 def _append_wrong_heads(device, backend):
@@ -127,7 +127,7 @@ def _append_wrong_dtype(device, backend):
 
 
 def _dequantize_not_a_cache(device, backend):
-    return kernels.dequantize_kv({"k_codes": torch.zeros(1)})
+    return kvbits.dequantize_kv({"k_codes": torch.zeros(1)})
 
 
 def _empty_capacity_not_multiple(device, backend):
@@ -170,14 +170,14 @@ CASES = {
     "append-wrong-heads": (_append_wrong_heads, ValueError, "for this cache"),
     "append-wrong-dtype": (_append_wrong_dtype, TypeError, "cache's dtype"),
     "dequantize-not-a-cache": (_dequantize_not_a_cache, TypeError, "qkv must be a QuantizedKV"),
-    "seq-lens-an-int": (lambda device, backend: kernels.quantize_kv(*_kv(device=device), seq_lens=3, backend=backend),
+    "seq-lens-an-int": (lambda device, backend: kvbits.quantize_kv(*_kv(device=device), seq_lens=3, backend=backend),
                         TypeError, "seq_lens must be"),
-    "no-heads": (lambda device, backend: kernels.quantize_kv(*_kv(shape=(1, 0, 70, 64), device=device),
+    "no-heads": (lambda device, backend: kvbits.quantize_kv(*_kv(shape=(1, 0, 70, 64), device=device),
                                                              backend=backend), ValueError, "H, D >= 1"),
-    "dequantize-int-dtype": (lambda device, backend: kernels.dequantize_kv(
-        kernels.quantize_kv(*_kv(device=device), backend=backend), dtype=torch.int8), TypeError, "dtype must be"),
-    "dequantize-dtype-string": (lambda device, backend: kernels.dequantize_kv(
-        kernels.quantize_kv(*_kv(device=device), backend=backend), dtype="float16"), TypeError, "dtype must be"),
+    "dequantize-int-dtype": (lambda device, backend: kvbits.dequantize_kv(
+        kvbits.quantize_kv(*_kv(device=device), backend=backend), dtype=torch.int8), TypeError, "dtype must be"),
+    "dequantize-dtype-string": (lambda device, backend: kvbits.dequantize_kv(
+        kvbits.quantize_kv(*_kv(device=device), backend=backend), dtype="float16"), TypeError, "dtype must be"),
     "empty-capacity-not-multiple": (_empty_capacity_not_multiple, ValueError, "capacity must be a multiple"),
     "empty-float64": (lambda device, backend: QuantizedKV.empty(1, 2, 64, dtype=torch.float64, device=device),
                       TypeError, "dtype must be one of"),
@@ -210,7 +210,7 @@ def test_failed_append_leaves_cache_unchanged(record, device, backend):
     (codes, scales and capacity included: the input is checked before any write)."""
     g = 32
     k, v = random_kv((1, 2, 3 * g + 10, 64), torch.float16, device, seed=12)
-    qkv = kernels.quantize_kv(k[:, :, : g + 5], v[:, :, : g + 5], group_size=g, backend=backend)
+    qkv = kvbits.quantize_kv(k[:, :, : g + 5], v[:, :, : g + 5], group_size=g, backend=backend)
     before = {f: getattr(qkv, f).clone() for f in ("k_residual", "v_residual", "seq_lens", "k_codes", "v_scale")}
     capacity = qkv.capacity
     for bad_at in (g - 10, g + 30):  # in the group that completes / in the new residual window
@@ -223,7 +223,7 @@ def test_failed_append_leaves_cache_unchanged(record, device, backend):
             assert torch.equal(getattr(qkv, name), t), name
         assert qkv.capacity == capacity  # nothing grown
     qkv.append(k[:, :, g + 5:], v[:, :, g + 5:], backend=backend)
-    ref = kernels.quantize_kv(k, v, group_size=g, backend="torch")
-    assert torch.equal(kernels.dequantize_kv(qkv)[0], kernels.dequantize_kv(ref)[0])
+    ref = kvbits.quantize_kv(k, v, group_size=g, backend="torch")
+    assert torch.equal(kvbits.dequantize_kv(qkv)[0], kvbits.dequantize_kv(ref)[0])
     record.backend, record.device = backend, device
     record.add(error_type=type(info.value).__name__, error_message=str(info.value))

@@ -26,8 +26,8 @@ from affine_support import (
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-import kernels
-from kernels.affine import (
+import kvbits
+from kvbits.affine import (
     SCALE_FLOOR,
     QuantizeTile,
     _launch_quantize,
@@ -38,7 +38,7 @@ from kernels.affine import (
     quantize_codes,
     quantize_dequantize,
 )
-from kernels.kv_cache import QuantizedKV, quantize_into
+from kvbits.kv_cache import QuantizedKV, quantize_into
 
 BITS = (2, 3, 4, 8)
 SCALE_DTYPES = (torch.float16, torch.float32)
@@ -90,10 +90,10 @@ def test_requant_through_dequantize_kv(record, seed, bits, dtype):
         pytest.skip("bf16 x_hat cannot hold 8-bit codes exactly (8 significant bits)")
     k, v = random_kv((2, 2, 128, 64), dtype, "cpu", seed=seed)
     qkv = quantize(k, v, bits, 32, "torch")
-    k_hat, v_hat = kernels.dequantize_kv(qkv)
+    k_hat, v_hat = kvbits.dequantize_kv(qkv)
     assert k_hat.dtype == dtype and k_hat.shape == k.shape
-    q_k = kernels.unpack_bits(qkv.k_codes, bits).reshape(2, 2, 4, 32, 64)
-    q_v = kernels.unpack_bits(qkv.v_codes, bits).reshape(2, 2, 128, 2, 32)
+    q_k = kvbits.unpack_bits(qkv.k_codes, bits).reshape(2, 2, 4, 32, 64)
+    q_v = kvbits.unpack_bits(qkv.v_codes, bits).reshape(2, 2, 128, 2, 32)
     ks, kz = qkv.k_scale.float()[:, :, :, None], qkv.k_zero.float()[:, :, :, None]
     vs, vz = qkv.v_scale.float()[..., None], qkv.v_zero.float()[..., None]
     rk = quantize_codes(k_hat.float().reshape(q_k.shape), ks, kz, 1 / ks, bits)
@@ -112,7 +112,7 @@ def test_kinds_of_groups_reconstruct(record, seed, device, backend, kind):
     sdt = torch.float32 if kind == "huge" else torch.float16
     k, v = random_kv((1, 2, 64 + 7, 64), dtype, device, seed=seed, kind=kind)
     qkv = quantize(k, v, 3, 32, backend, scale_dtype=sdt)
-    k_hat, v_hat = kernels.dequantize_kv(qkv, dtype=torch.float32)
+    k_hat, v_hat = kvbits.dequantize_kv(qkv, dtype=torch.float32)
     worst, worst_to_bound = 0.0, 0.0
     n = int(qkv.quantized_lens()[0])
     for x, x_hat, scale, per_channel in ((k, k_hat, qkv.k_scale, True), (v, v_hat, qkv.v_scale, False)):
@@ -281,7 +281,7 @@ def test_partial_group_is_a_value_error_naming_x():
 @pytest.mark.parametrize("bits", BITS)
 def test_codes_never_need_the_lower_clamp(record, bits, sdt):
     """For every finite group, rne(x * inv) + z >= 0 before any clamp and z is never clamped:
-    the Triton kernel clamps the upper end only (kernels/affine.py). The groups span wide
+    the Triton kernel clamps the upper end only (kvbits/affine.py). The groups span wide
     fp16 ranges of both signs, where one fp32 rounding of -lo0 * inv instead of the exact
     product moves z by one in about 1 group in 10,000 (and the group's minimum to code -1)."""
     g = torch.Generator().manual_seed(17 * bits)

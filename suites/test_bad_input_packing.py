@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from kernels.packing import pack_bits, unpack_bits
+from kvbits.packing import pack_bits, unpack_bits
 
 u8 = torch.uint8
 

@@ -14,8 +14,8 @@ import torch
 from affine_support import ON_GPU, cache_mismatches, random_kv
 
 from harness.measure.timing import bandwidth_metrics, bound_metrics, median_ms, time_call
-from kernels.affine import _launch_quantize
-from kernels.kv_cache import QuantizedKV, quantize_into, quantize_kv
+from kvbits.affine import _launch_quantize
+from kvbits.kv_cache import QuantizedKV, quantize_into, quantize_kv
 
 pytestmark = pytest.mark.bench
 

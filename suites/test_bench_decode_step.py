@@ -1,7 +1,7 @@
 """Decode-step benchmark: what a model's decode loop does (run by the bench session; records
 figures, never asserts on speed).
 
-Per shape: a cache grown from a prompt (kernels.decode.cache.PagedKVCache), then steps that append
+Per shape: a cache grown from a prompt (kvbits.decode.cache.PagedKVCache), then steps that append
 one token to every sequence and attend, eager and replayed from one captured CUDA graph, against
 the fp16 step (preallocated fp16 cache, flash SDPA) measured in the same run: per-step median,
 p99 and max, tokens per second, the cache's bytes per token and its device memory against its
@@ -31,7 +31,7 @@ from decode_loop_support import (
 
 from harness.measure.timing import classify_bound
 from harness.peers.serving import SdpaServer
-from kernels.decode import reference_decode
+from kvbits.decode import reference_decode
 from suites.peers_support import KvbitsServer
 
 pytestmark = pytest.mark.bench

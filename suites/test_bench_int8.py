@@ -28,7 +28,7 @@ import pytest
 import torch
 
 from harness.measure.timing import Timing, bandwidth_metrics, bound_metrics, time_call
-from kernels import int8
+from kvbits import int8
 from suites.int8_support import attention_error, kv_matrix, l2_error, max_abs_error, query_fill, tag
 
 pytestmark = pytest.mark.bench

@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from harness.measure.timing import bandwidth_metrics, bound_metrics, time_call, write_bandwidth_gbps
-from kernels.packing import pack_bits, unpack_bits
+from kvbits.packing import pack_bits, unpack_bits
 from suites.packing_support import device_backend_params
 
 pytestmark = pytest.mark.bench

@@ -6,10 +6,10 @@ weights in bf16, the way serving benchmarks time models without their weights) t
 prompt of S tokens per row (prefill), then decodes STEPS tokens greedily one forward at a time,
 eager, with: transformers' default DynamicCache (SDPA), its preallocated StaticCache (SDPA), its
 QuantizedCache with quanto at 4 bits (what ``cache_implementation="quantized"`` gives; skipped
-without optimum-quanto), and the 3-bit kvbits cache (:mod:`kernels.integrations.transformers`);
+without optimum-quanto), and the 3-bit kvbits cache (:mod:`kvbits.integrations.transformers`);
 then StaticCache and the kvbits cache again with every decode step replayed from one captured
 CUDA graph (``static-graph``, ``kvbits-3bit-graph``:
-:func:`kernels.integrations.graph_generate.generate_graphed`, its steps timed through its
+:func:`kvbits.integrations.graph_generate.generate_graphed`, its steps timed through its
 streamer, the capture left out): the bf16 cache and the packed one without the host's per-step
 work; and the kvbits graph sampling (``kvbits-3bit-graph-sample``: temperature 0.6, top-p 0.9),
 the cost of the draw over the vocabulary.
@@ -32,8 +32,8 @@ from transformers import DynamicCache, LlamaConfig, LlamaForCausalLM, StaticCach
 from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding  # noqa: E402
 
 from harness.peers.hf_quantized import GROUP_SIZE, RESIDUAL_LENGTH, HFQuantizedPeer, stored_bytes  # noqa: E402
-from kernels.integrations.graph_generate import generate_graphed  # noqa: E402
-from kernels.integrations.transformers import ATTENTION_NAME, KVBitsCache  # noqa: E402
+from kvbits.integrations.graph_generate import generate_graphed  # noqa: E402
+from kvbits.integrations.transformers import ATTENTION_NAME, KVBitsCache  # noqa: E402
 
 pytestmark = [pytest.mark.bench, pytest.mark.sweep]
 

@@ -15,7 +15,7 @@ import time
 import pytest
 import torch
 
-from kernels.packing import pack_bits, unpack_bits
+from kvbits.packing import pack_bits, unpack_bits
 from suites.common import sync
 from suites.packing_support import (
     all_states,

@@ -9,8 +9,8 @@ import pytest
 import torch
 from decode_support import random_kv, random_q
 
-import kernels
-from kernels.decode import decode_attention, layout, paged
+import kvbits
+from kvbits.decode import decode_attention, layout, paged
 
 # Triton runs on CUDA tensors on a GPU box and on CPU tensors in the interpreter elsewhere
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
@@ -19,7 +19,7 @@ DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 @pytest.fixture(scope="module")
 def cache():
     k, v = random_kv(2, 2, 100, 64, seed=300, device=DEVICE)
-    return kernels.quantize_kv(k, v, 3, backend="torch")
+    return kvbits.quantize_kv(k, v, 3, backend="torch")
 
 
 def _q(**kw):
@@ -28,7 +28,7 @@ def _q(**kw):
 
 def _cache_with(bits=3, group_size=64, dim=64):
     k, v = random_kv(1, 1, 70, dim, seed=302, device=DEVICE)
-    return kernels.quantize_kv(k, v, bits, group_size=group_size, backend="torch")
+    return kvbits.quantize_kv(k, v, bits, group_size=group_size, backend="torch")
 
 
 def _paged_with(c, table):
@@ -44,7 +44,7 @@ def _claiming(c, n):
 
 def _wide_fp32_scales():
     k, v = random_kv(1, 1, 70, 64, seed=303, device=DEVICE)
-    return kernels.quantize_kv(k.float(), v.float() * 1e6, 3, scale_dtype=torch.float32, backend="torch")
+    return kvbits.quantize_kv(k.float(), v.float() * 1e6, 3, scale_dtype=torch.float32, backend="torch")
 
 
 CASES = {
@@ -137,7 +137,7 @@ def test_bad_input(record, cache, name):
 
 def _decodes_as_the_reference(record, q, cache_or_pool, cache):
     out = decode_attention(q, cache_or_pool, backend="triton")
-    ref = kernels.decode.reference_decode(q, cache)
+    ref = kvbits.decode.reference_decode(q, cache)
     err = float((out.double() - ref).abs().max())
     record.backend, record.device, record.variant = "triton", DEVICE, "bad-input"
     record.add(max_abs_err=err, states_checked=out.numel())

@@ -22,8 +22,8 @@ from decode_support import (
     varlen_cache,
 )
 
-import kernels
-from kernels.decode import (
+import kvbits
+from kvbits.decode import (
     decode_attention,
     decode_view,
     paged_from_contiguous,
@@ -35,7 +35,7 @@ pytestmark = pytest.mark.parametrize("device", device_params())
 
 
 def _cache(k, v, bits=3, group_size=64, **kw):
-    return kernels.quantize_kv(k, v, bits, group_size=group_size, backend="torch", **kw)
+    return kvbits.quantize_kv(k, v, bits, group_size=group_size, backend="torch", **kw)
 
 
 @pytest.mark.parametrize("backend", ["triton", "torch"])
@@ -119,7 +119,7 @@ def test_large_logits(record, device):
     cache = _cache(k, v)
     out = run_checked(record, q, cache)
     ref = reference_decode(q, cache)
-    logits = (q.double()[0, 0] @ kernels.dequantize_kv(cache, dtype=torch.float32)[0][0, 0].double().T) / d**0.5
+    logits = (q.double()[0, 0] @ kvbits.dequantize_kv(cache, dtype=torch.float32)[0][0, 0].double().T) / d**0.5
     top = logits.topk(3).values
     record.add(max_logit=float(top[0]), logit_gap=float(top[1] - top[2]))
     assert float(top[0]) > 3e3 and float(top[0] - top[1]) == 0.0 and float(top[1] - top[2]) > 100
@@ -144,7 +144,7 @@ def test_large_scales_keep_the_fp16_range(record, device):
     assert float(cache.v_scale.float().abs().max()) > 8192 and float(cache.k_scale.float().abs().max()) > 8192
     for q in (torch.zeros(d, device=device), 3.0 * signs):
         out = run_checked(record, q.reshape(1, 1, d).to(torch.float16), cache, tol=2e-3 * top)
-    v_hat = kernels.dequantize_kv(cache, dtype=torch.float32)[1]
+    v_hat = kvbits.dequantize_kv(cache, dtype=torch.float32)[1]
     assert float((out.double() - v_hat[0, 0, 7].double()).abs().max()) <= 2e-3 * top  # token 7's value
 
 
@@ -156,7 +156,7 @@ def test_value_magnitudes(record, device, bits, magnitude):
     in full (decode_attention's docstring: V scales from about 2^-8 for 3 bits)."""
     k, v = random_kv(1, 2, 192, 128, device=device, seed=74)
     v = (v.float() * magnitude).to(torch.float16)
-    cache = kernels.quantize_kv(k, v, bits, backend="torch")
+    cache = kvbits.quantize_kv(k, v, bits, backend="torch")
     q = random_q(1, 2, 128, device=device, seed=75)
     largest = float(reference_decode(q, cache).abs().max())
     run_checked(record, q, cache, tol=2e-3 * largest)
@@ -175,7 +175,7 @@ def test_one_hot_oracle(record, device):
     q = torch.where(torch.arange(d, device=device) % 2 == 0, 16.0, -16.0).reshape(1, 1, d)
     k, v, q = k.half(), v.half(), q.half()
     cache = _cache(k, v)
-    k_hat, v_hat = kernels.dequantize_kv(cache, dtype=torch.float32)
+    k_hat, v_hat = kvbits.dequantize_kv(cache, dtype=torch.float32)
     assert torch.equal(k_hat, k.float()) and torch.equal(v_hat, v.float()), "grid values must round-trip"
     out = run_checked(record, q, cache, tol=1e-6)  # the float64 reference keeps ~1e-140 tails
     assert torch.equal(out[0, 0], v[0, 0, target]), "one-hot softmax must return the target's V exactly"
@@ -321,7 +321,7 @@ def test_scale_words_and_the_16_bit_fallback(record, device, moved):
     """The kernel loads its 16-bit scales and zeros as 32-bit words (two K channels, a token's two V
     groups) where every row is 4-byte aligned; a cache whose scales start mid-word takes the
     16-bit loads. Both match the reference and each other."""
-    from kernels.decode import launch as decode
+    from kvbits.decode import launch as decode
 
     k, v = random_kv(1, 2, 300, 128, device=device, seed=190)
     q = random_q(1, 4, 128, device=device, seed=191)
@@ -339,7 +339,7 @@ def test_scale_words_and_the_16_bit_fallback(record, device, moved):
 def test_scale_words_needs_16_bit_pairs(record, device):
     """fp32 scales, one V group per token, or zeros with other strides than their scales keep the
     16-bit (or 32-bit) loads."""
-    from kernels.decode import launch as decode
+    from kvbits.decode import launch as decode
 
     k, v = random_kv(1, 1, 128, 128, device=device, seed=192)
     record.backend, record.device = "triton", str(device)
@@ -356,7 +356,7 @@ def test_scale_words_needs_16_bit_pairs(record, device):
 @pytest.mark.parametrize("backend", ["triton", "torch"])
 def test_empty_batch(record, device, backend):
     """A batch of no sequences gives an empty output on both backends (no launch, no error)."""
-    cache = kernels.QuantizedKV.empty(0, 2, 64, capacity=64, device=device)
+    cache = kvbits.QuantizedKV.empty(0, 2, 64, capacity=64, device=device)
     out = decode_attention(torch.zeros(0, 4, 64, dtype=torch.float16, device=device), cache, backend=backend)
     assert out.shape == (0, 4, 64) and out.dtype == torch.float16
     record.backend, record.device = backend, device

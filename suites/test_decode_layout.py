@@ -12,11 +12,11 @@ import triton
 import triton.language as tl
 from decode_support import device_params, random_kv, varlen_cache
 
-import kernels
-from kernels._runtime import triton_interpreted
-from kernels.decode import layout, paged
-from kernels.decode.kernel import _q_operand, _three_bit_pairs, _weight_operand
-from kernels.packing import unpack_bits
+import kvbits
+from kvbits._runtime import triton_interpreted
+from kvbits.decode import layout, paged
+from kvbits.decode.kernel import _q_operand, _three_bit_pairs, _weight_operand
+from kvbits.packing import unpack_bits
 
 
 def _served(d: int, tile: int, warps: int) -> bool:
@@ -97,7 +97,7 @@ def _three_bit_pairs_probe(w_ptr, out_ptr, N: tl.constexpr, CLASSES: tl.constexp
 @pytest.mark.parametrize("device", device_params())
 def test_kernel_three_bit_pairs_match_the_twin(record, device, classes):
     """The kernel's _three_bit_pairs (compiled on a GPU, interpreted on CPU) returns, word for word,
-    the registers of kernels.decode.layout.three_bit_classes in the twin's join order (each at its class's
+    the registers of kvbits.decode.layout.three_bit_classes in the twin's join order (each at its class's
     field): random words and every single bit of the three planes, with two and three classes."""
     gen = torch.Generator().manual_seed(304)
     n = 256
@@ -290,15 +290,15 @@ def test_decode_follows_a_contiguous_cache_as_it_grows(record, device, inference
     q = torch.randn(1, 2, 64, generator=torch.Generator().manual_seed(212)).half().to(device)
     errors = []
     with torch.inference_mode(inference):
-        cache = kernels.quantize_kv(k[:, :, :100], v[:, :, :100], 3, backend="torch", capacity=128)
+        cache = kvbits.quantize_kv(k[:, :, :100], v[:, :, :100], 3, backend="torch", capacity=128)
         first = paged.decode_view(cache)
         for grow in (lambda: cache.append(k[:, :, 100], v[:, :, 100], backend="torch"),  # residual window
                      lambda: cache.append(k[:, :, 101:130], v[:, :, 101:130], backend="torch"),  # completes a group
                      lambda: cache.reserve(512),
                      lambda: cache.append(k[:, :, 130:140], v[:, :, 130:140], backend="torch")):
             grow()
-            out = kernels.decode_attention(q, cache, backend="triton")
-            errors.append(float((out.double() - kernels.decode.reference_decode(q, cache)).abs().max()))
+            out = kvbits.decode_attention(q, cache, backend="triton")
+            errors.append(float((out.double() - kvbits.decode.reference_decode(q, cache)).abs().max()))
         view = paged.decode_view(cache)
     assert view is not first and view.page_size == 512
     want = layout.words_from_codes(cache.k_codes, 3, "k", view.tile, view.warps)
@@ -313,13 +313,13 @@ def test_view_takes_the_caches_residual_window_as_it_is_now(record, device):
     """A decode takes the residual tensors the cache holds now, also when they were replaced by new
     tensors after a view of the cache was made."""
     k, v = random_kv(1, 1, 100, 64, seed=213, device=device)
-    cache = kernels.quantize_kv(k, v, 3, backend="torch")
+    cache = kvbits.quantize_kv(k, v, 3, backend="torch")
     paged.decode_view(cache)
     cache.k_residual = torch.randn_like(cache.k_residual)
     cache.v_residual = torch.randn_like(cache.v_residual)
     q = torch.randn(1, 1, 64, generator=torch.Generator().manual_seed(214)).half().to(device)
-    out = kernels.decode_attention(q, cache, backend="triton")
-    err = float((out.double() - kernels.decode.reference_decode(q, cache)).abs().max())
+    out = kvbits.decode_attention(q, cache, backend="triton")
+    err = float((out.double() - kvbits.decode.reference_decode(q, cache)).abs().max())
     assert err <= 2e-3
     record.backend, record.device, record.variant = "triton", device, "layout"
     record.add(states_checked=out.numel(), max_abs_err=err)
@@ -328,7 +328,7 @@ def test_view_takes_the_caches_residual_window_as_it_is_now(record, device):
 def test_a_layout_given_in_part_keeps_what_was_given(record):
     """tile or warps alone: the one given is kept, the other is the default's."""
     k, v = random_kv(1, 1, 128, 128, seed=215)
-    cache = kernels.quantize_kv(k, v, 3, backend="torch")
+    cache = kvbits.quantize_kv(k, v, 3, backend="torch")
     default_tile, _ = layout.default_layout(128, 64)
     view = paged.decode_view(cache, warps=2)
     assert (view.tile, view.warps) == (default_tile, 2)
@@ -340,7 +340,7 @@ def test_a_layout_given_in_part_keeps_what_was_given(record):
 def test_read_bytes(record):
     """The bytes a decode step must read: codes, scales and zeros of quantized tokens, residual rows."""
     k, v = random_kv(2, 4, 200, 128, seed=220)
-    cache = kernels.quantize_kv(k, v, 3, backend="torch")
+    cache = kvbits.quantize_kv(k, v, 3, backend="torch")
     view = paged.decode_view(cache)
     per_token = 4 * (2 * 128 * 3 / 8 + 4 * 2 * 2)  # heads * (K+V codes + K and V scale, zero)
     want = 2 * (192 * per_token + 8 * 4 * 2 * 128 * 2)

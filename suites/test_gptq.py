@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 import torch
 
-from kernels.packing import pack_bits, unpack_bits
+from kvbits.packing import pack_bits, unpack_bits
 from suites.packing_support import count_bit_errors, device_backend_params
 
 

@@ -9,8 +9,8 @@ import pytest
 import torch
 
 from harness.run.subproc import env_with_repo
-from kernels import int8
-from kernels._runtime import triton_interpreted
+from kvbits import int8
+from kvbits._runtime import triton_interpreted
 from suites.int8_support import CUDA
 
 CPU_X = torch.ones(4, 8)
@@ -78,7 +78,7 @@ def test_triton_on_cpu_without_interpreter(record):
             int8.quantize_per_channel(torch.ones(2, 4), variant="triton")
         return
     code = (
-        "import torch, kernels.int8 as m\n"
+        "import torch, kvbits.int8 as m\n"
         "try:\n    m.quantize_per_channel(torch.ones(2, 4), variant='triton')\n"
         "except ValueError as e:\n    print('VALUEERROR', e)\n"
     )

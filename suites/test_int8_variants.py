@@ -16,7 +16,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from kernels import int8
+from kvbits import int8
 from suites.int8_support import (
     CUDA,
     compare_to_oracle,

@@ -1,4 +1,4 @@
-"""The paged KV cache a server decodes on (:class:`kernels.decode.cache.PagedKVCache`).
+"""The paged KV cache a server decodes on (:class:`kvbits.decode.cache.PagedKVCache`).
 
 Growing a ragged batch token by token and in (ragged) chunks stores exactly what one-shot
 quantization of each sequence stores; the torch and Triton appends write the same pool; the
@@ -29,8 +29,8 @@ import torch
 from affine_support import fresh_seed, gpu_or_small  # noqa: F401  (the seed fixture)
 from decode_support import device_params, errors, poisoned_like, tolerance
 
-import kernels
-from kernels.decode import PagedKVCache, decode_attention, reference_decode
+import kvbits
+from kvbits.decode import PagedKVCache, decode_attention, reference_decode
 
 BACKENDS = ("torch", "triton")
 
@@ -152,7 +152,7 @@ def _check_export(cache: PagedKVCache, book: _Book) -> dict:
         length = k.shape[2]
         if length == 0:
             continue
-        ref = kernels.quantize_kv(k, v, bits, group_size=g, scale_dtype=cache.k_scale.dtype, backend="torch")
+        ref = kvbits.quantize_kv(k, v, bits, group_size=g, scale_dtype=cache.k_scale.dtype, backend="torch")
         full = length // g * g
         pairs = {
             "k_codes": (got.k_codes[row, :, :full], ref.k_codes[0, :, :full]),
@@ -533,7 +533,7 @@ def test_cuda_graph_step_replays(record, seed, device, history):
 
 _PAST_THE_RESERVATION = r"""
 import json, sys, torch
-from kernels.decode import PagedKVCache
+from kvbits.decode import PagedKVCache
 seed, attend = int(sys.argv[1]), sys.argv[2] == "append+attend"
 gen = torch.Generator().manual_seed(seed)
 H, D, G, P = 8, 128, 64, 256
@@ -617,7 +617,7 @@ def test_a_long_prompt_and_its_decode(record, seed, device):
     cache.check_errors()
     export = cache.to_contiguous()
     full = (n + 1) // g * g
-    tail = kernels.quantize_kv(torch.cat([k[None, :, full - g:n], k1[:, :, None]], 2),
+    tail = kvbits.quantize_kv(torch.cat([k[None, :, full - g:n], k1[:, :, None]], 2),
                                torch.cat([v[None, :, full - g:n], v1[:, :, None]], 2), 3, group_size=g,
                                backend="torch")
     assert torch.equal(export.k_codes[0, :, full - g:full], tail.k_codes[0, :, :g])

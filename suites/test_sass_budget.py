@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from kernels._runtime import triton_interpreted
+from kvbits._runtime import triton_interpreted
 
 ROOT = Path(__file__).resolve().parents[1]
 CASES = {  # specialization -> what its figures stand for
@@ -25,7 +25,7 @@ CASES = {  # specialization -> what its figures stand for
 }
 
 
-MODULES = ("kernels.decode.launch", "kernels.affine")
+MODULES = ("kvbits.decode.launch", "kvbits.affine")
 
 
 def compiled_budget(name: str) -> dict:
@@ -35,7 +35,7 @@ def compiled_budget(name: str) -> dict:
     are compiled anyway (a GPU run) it compiles here, from Triton's cache when warm."""
     if not triton_interpreted():
         from harness.measure.sass import figures
-        from kernels.aot import collect_specs
+        from kvbits.aot import collect_specs
 
         specs, problems = collect_specs(MODULES)
         spec = next((s for s in specs if s.name == name), None)

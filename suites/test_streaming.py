@@ -18,8 +18,8 @@ from affine_support import (
     random_kv,
 )
 
-import kernels
-from kernels.kv_cache import QuantizedKV
+import kvbits
+from kvbits.kv_cache import QuantizedKV
 
 
 def _stream(k, v, chunks, bits, g, backend, **kw) -> QuantizedKV:
@@ -59,8 +59,8 @@ def test_append_equals_one_shot(record, seed, device, backend, bits, g, dtype, c
     assert not diff, diff
     assert streamed.seq_lens.tolist() == [s, s]
     assert streamed.capacity >= s // g * g and streamed.capacity % g == 0
-    k_hat, v_hat = kernels.dequantize_kv(streamed)
-    k_ref, v_ref = kernels.dequantize_kv(one_shot)
+    k_hat, v_hat = kvbits.dequantize_kv(streamed)
+    k_ref, v_ref = kvbits.dequantize_kv(one_shot)
     assert torch.equal(k_hat, k_ref) and torch.equal(v_hat, v_ref)
     record.backend, record.variant, record.device = backend, f"b{bits}-g{g}-{chunking}", device
     record.add(states_checked=elements(streamed), bit_errors=0, shape=f"2x2x{s}x64")
@@ -73,7 +73,7 @@ def test_ragged_batch_appends_per_sequence(record, seed, device, backend):
     lens = [5, 32, 70]
     s = max(lens) + extra
     k, v = random_kv((3, 2, s, 64), torch.float16, device, seed=seed)
-    qkv = kernels.quantize_kv(k[:, :, : max(lens)], v[:, :, : max(lens)], 3, group_size=g, backend=backend,
+    qkv = kvbits.quantize_kv(k[:, :, : max(lens)], v[:, :, : max(lens)], 3, group_size=g, backend=backend,
                               seq_lens=lens)
     assert qkv.seq_lens.tolist() == lens
     new_k, new_v = random_kv((3, 2, extra, 64), torch.float16, device, seed=seed + 1)
@@ -88,7 +88,7 @@ def test_ragged_batch_appends_per_sequence(record, seed, device, backend):
         diff = cache_mismatches(ref, row)
         assert not diff, (i, diff)
         checked += elements(ref)
-    k_hat, _ = kernels.dequantize_kv(qkv)
+    k_hat, _ = kvbits.dequantize_kv(qkv)
     assert k_hat.shape[2] == max(lens) + extra
     assert bool((k_hat[0, :, lens[0] + extra:] == 0).all()), "positions past seq_lens are zero"
     record.backend, record.variant, record.device = backend, "ragged", device

@@ -1,4 +1,4 @@
-"""The transformers integration (:mod:`kernels.integrations.transformers`): ``generate`` on a
+"""The transformers integration (:mod:`kvbits.integrations.transformers`): ``generate`` on a
 Llama-architecture model with random weights (no download) through :class:`KVBitsCache` and the
 ``"kvbits"`` attention, against the same model with transformers' DynamicCache.
 
@@ -10,8 +10,8 @@ DynamicCache run's logits bit for bit; the first step where the greedy tokens di
 DynamicCache run is recorded. Also: a
 left-padded batch of two against each row alone, sampling, the fused decode in the Triton
 interpreter, transformers' own QuantizedCache at equal bits (where its backend is installed),
-every configuration the cache refuses, and what transformers makes of this repository's
-``kernels`` package (Hugging Face's hub-kernels distribution has the same import name).
+every configuration the cache refuses, and that a checkout hides no ``kernels`` package (the
+import name of Hugging Face's hub-kernels distribution, which transformers imports).
 
 In the interpreter (CPU) the model is tiny (hidden 256, 4 heads, 2 kv heads, head_dim 64, 2
 layers, a 100-token prompt, group size 32); on a GPU it is hidden 2048, 32 heads, 8 kv heads, 4
@@ -22,12 +22,12 @@ from __future__ import annotations
 
 import copy
 import importlib.util
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 import torch
+from packaging.version import Version
 
 transformers = pytest.importorskip(
     "transformers", reason="transformers is not installed (the suite's optional dependency: pip install -e .[transformers])")
@@ -55,10 +55,10 @@ from transformers.utils.import_utils import (  # noqa: E402
     is_kernels_available,
 )
 
-import kernels  # noqa: E402
+import kvbits  # noqa: E402
 from harness.peers.base import dist_version  # noqa: E402
-from kernels.integrations.graph_generate import generate_graphed  # noqa: E402
-from kernels.integrations.transformers import ATTENTION_NAME, KVBitsCache  # noqa: E402
+from kvbits.integrations.graph_generate import generate_graphed  # noqa: E402
+from kvbits.integrations.transformers import ATTENTION_NAME, KVBitsCache  # noqa: E402
 
 PAD = 0  # the pad token id (never drawn into a prompt)
 # Measured at the CPU size on 30 random models per configuration (fp16 at 2, 3 and 4 bits, bf16 at
@@ -702,14 +702,21 @@ def test_bad_input(record, name):
 
 
 # ----------------------------------------------------------------------------- 6. coexistence
-def test_transformers_does_not_take_this_kernels_package_for_hub_kernels(record):
-    """Hugging Face's hub-kernels distribution is imported as ``kernels`` too. transformers
-    finds this repository's package under that name (importing it to look for a version), sees
-    no distribution version in its range and so never imports hub-kernels symbols from it."""
+def test_a_checkout_hides_no_hub_kernels_package(record):
+    """Hugging Face's hub-kernels distribution has the top-level import name ``kernels``, which
+    transformers imports (from 5.25 a requirement of it). With this repository first on sys.path,
+    as the harness runs the suites, that name must not resolve inside the repository: it is the
+    hub loader's where its distribution is installed and nothing otherwise, and transformers takes
+    the loader exactly when the distribution's version is in its range."""
     record.backend, record.device, record.variant = "kvbits", "cpu", "import-name"
-    ours = Path(kernels.__file__).resolve().parent
-    assert Path(sys.modules["kernels"].__file__).resolve().parent == ours
-    available = is_kernels_available()
-    record.add(hub_kernels_available=available, hub_kernels_range=f"[{KERNELS_MIN_VERSION}, {KERNELS_MAX_VERSION})")
-    assert not available, ("transformers takes the `kernels` on sys.path for Hugging Face's hub kernels: with this "
-                           "repository first on sys.path its hub-kernel imports would fail")
+    root = Path(__file__).resolve().parents[1]
+    assert Path(kvbits.__file__).resolve().parent == root / "kvbits", f"kvbits is not the checkout's: {kvbits.__file__}"
+    spec = importlib.util.find_spec("kernels")
+    origin = None if spec is None else Path(spec.origin or next(iter(spec.submodule_search_locations))).resolve()
+    installed = dist_version("kernels")
+    record.add(hub_kernels=installed, kernels_origin=str(origin),
+               hub_kernels_range=f"[{KERNELS_MIN_VERSION}, {KERNELS_MAX_VERSION})")
+    assert origin is None or root not in origin.parents, f"`import kernels` finds {origin} inside the checkout"
+    assert (origin is None) == (installed is None), f"`import kernels` finds {origin}; its distribution: {installed}"
+    in_range = installed is not None and (Version(KERNELS_MIN_VERSION) <= Version(installed) < Version(KERNELS_MAX_VERSION))
+    assert is_kernels_available() == in_range, f"transformers' view of the hub loader ({installed}) is not its own"

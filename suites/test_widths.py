@@ -16,7 +16,7 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from kernels.packing import geometry, pack_bits, unpack_bits
+from kvbits.packing import geometry, pack_bits, unpack_bits
 from suites.packing_support import (
     backends_for,
     count_bit_errors,

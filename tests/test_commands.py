@@ -239,12 +239,12 @@ def test_plan_rejects_bad_requests():
 
 
 def test_aot_and_nvcc_commands():
-    assert commands.aot_command(PY) == [PY, "-m", "kernels.aot", "--arch", "80", "90", "100"]
+    assert commands.aot_command(PY) == [PY, "-m", "kvbits.aot", "--arch", "80", "90", "100"]
     assert commands.AOT_ENV == {"TRITON_INTERPRET": "0"}
-    assert commands.nvcc_command("kernels/cuda/x.cu", "/tmp/x.o", ["/t/include", "/py"]) == [
+    assert commands.nvcc_command("kvbits/cuda/x.cu", "/tmp/x.o", ["/t/include", "/py"]) == [
         "nvcc", "-arch=sm_90", "-std=c++20", "-O3", "--use_fast_math", "-lineinfo",
         "-include", "torch/types.h", "-include", "cuda.h", "-include", "cuda_runtime.h",
-        "-I/t/include", "-I/py", "-c", "kernels/cuda/x.cu", "-o", "/tmp/x.o"]
+        "-I/t/include", "-I/py", "-c", "kvbits/cuda/x.cu", "-o", "/tmp/x.o"]
 
 
 def test_header_shims_only_where_torch_lacks_them(tmp_path):

@@ -25,7 +25,7 @@ def _run(*args: str) -> subprocess.CompletedProcess:
 
 
 def test_every_triton_kernel_compiles_for_sm90(record):
-    result = _run("-m", "kernels.aot", "--arch", "90")
+    result = _run("-m", "kvbits.aot", "--arch", "90")
     lines = result.stdout.splitlines()
     compiled = sum(" ok " in line for line in lines)
     failed = [line for line in lines if "FAIL" in line]
@@ -36,7 +36,7 @@ def test_every_triton_kernel_compiles_for_sm90(record):
 
 
 def test_the_read_floor_kernel_is_among_the_kernels_compiled_ahead_of_time():
-    code = ("from kernels.aot import collect_specs, compile_spec\n"
+    code = ("from kvbits.aot import collect_specs, compile_spec\n"
             "for spec in collect_specs()[0]:\n"
             "    if spec.kernel.fn.__module__ == 'harness.measure.read_floor':\n"
             "        print(spec.name, len(compile_spec(spec, 90).asm['cubin']))\n")

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from kernels.cuda import loader
+from kvbits.cuda import loader
 
 
 def test_extension_name_follows_the_source_and_flags():
@@ -33,7 +33,7 @@ def test_the_build_lock_serializes_processes(tmp_path):
     import time
 
     holder = (
-        "import sys, time; from pathlib import Path; from kernels.cuda import loader\n"
+        "import sys, time; from pathlib import Path; from kvbits.cuda import loader\n"
         "with loader._exclusive(Path(sys.argv[1])):\n"
         "    print('held', flush=True); time.sleep(1.0)\n"
     )

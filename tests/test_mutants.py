@@ -35,14 +35,14 @@ def test_the_ci_subset_covers_every_kernel_family():
     ci = mutants.select_mutants(None, ci=True)
     assert all(not m.gpu_only for m in ci), "the CI subset runs on CPU"
     files = {m.path for m in ci}
-    for path in ("kernels/packing.py", "kernels/int8.py", "kernels/affine.py", "kernels/kv_cache.py",
-                 "kernels/decode/kernel.py"):
+    for path in ("kvbits/packing.py", "kvbits/int8.py", "kvbits/affine.py", "kvbits/kv_cache.py",
+                 "kvbits/decode/kernel.py"):
         assert path in files, f"no CI mutant in {path}"
     assert 5 <= len(ci) <= 12
 
 
 def test_apply_refuses_a_missing_a_repeated_or_a_broken_snippet():
-    m = mutants.Mutant("x", "kernels/packing.py", "a + b", "a - b", "sign", ("suites/test_golden.py",))
+    m = mutants.Mutant("x", "kvbits/packing.py", "a + b", "a - b", "sign", ("suites/test_golden.py",))
     assert mutants.apply(m, "y = a + b\n") == "y = a - b\n"
     with pytest.raises(mutants.CatalogueError, match="no longer occurs"):
         mutants.apply(m, "y = a * b\n")
@@ -51,10 +51,10 @@ def test_apply_refuses_a_missing_a_repeated_or_a_broken_snippet():
     broken = dataclasses.replace(m, mutated="a - (b")
     with pytest.raises(mutants.CatalogueError, match="does not compile"):
         mutants.apply(broken, "y = a + b\n")
-    missing_file = dataclasses.replace(m, path="kernels/no_such_module.py")
+    missing_file = dataclasses.replace(m, path="kvbits/no_such_module.py")
     missing_test = dataclasses.replace(m, name="y", select=("suites/test_no_such_suite.py",))
     problems = mutants.catalogue_problems([missing_file, missing_test])
-    assert any("no file kernels/no_such_module.py" in p for p in problems)
+    assert any("no file kvbits/no_such_module.py" in p for p in problems)
     assert any("test_no_such_suite.py does not exist" in p for p in problems)
 
 
@@ -123,10 +123,10 @@ def test_list_prints_the_catalogue(capsys):
 
 def test_copy_holds_the_project_and_no_generated_files(tmp_path):
     files = mutants.project_files()
-    assert "kernels/packing.py" in files and "conftest.py" in files and "pyproject.toml" in files
+    assert "kvbits/packing.py" in files and "conftest.py" in files and "pyproject.toml" in files
     assert not any("__pycache__" in f or f.startswith(("reports/", ".git/")) for f in files)
-    copy = mutants.make_copy(tmp_path / "copy", files=["kernels/packing.py", "conftest.py"])
-    assert (copy / "kernels" / "packing.py").read_bytes() == (ROOT / "kernels" / "packing.py").read_bytes()
+    copy = mutants.make_copy(tmp_path / "copy", files=["kvbits/packing.py", "conftest.py"])
+    assert (copy / "kvbits" / "packing.py").read_bytes() == (ROOT / "kvbits" / "packing.py").read_bytes()
 
 
 def test_a_planted_bug_is_killed_and_a_harmless_edit_survives(tmp_path):
@@ -180,14 +180,14 @@ def test_a_selection_failing_on_clean_sources_makes_its_mutants_errors(tmp_path)
 
 def _tiny_project(root: Path) -> list[mutants.Mutant]:
     """A project of one module and three test files, and a mutant of each line selecting one."""
-    (root / "kernels").mkdir(parents=True)
-    (root / "kernels" / "__init__.py").write_text("")
-    (root / "kernels" / "code.py").write_text("x = 1\ny = 2\nz = 3\n")
+    (root / "kvbits").mkdir(parents=True)
+    (root / "kvbits" / "__init__.py").write_text("")
+    (root / "kvbits" / "code.py").write_text("x = 1\ny = 2\nz = 3\n")
     (root / "tests").mkdir()
     found = []
     for line, test in (("x = 1", "fast"), ("y = 2", "slow_a"), ("z = 3", "slow_b")):
         (root / "tests" / f"test_{test}.py").write_text("")
-        found.append(mutants.Mutant(f"mutant-{test}", "kernels/code.py", line, line + "0", "nothing",
+        found.append(mutants.Mutant(f"mutant-{test}", "kvbits/code.py", line, line + "0", "nothing",
                                     (f"tests/test_{test}.py",)))
     return found
 

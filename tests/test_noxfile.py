@@ -375,8 +375,8 @@ def test_compile_matrix_swaps_triton_and_checks_cu_files(tmp_path, monkeypatch):
 def test_compile_matrix_without_nvcc_says_so_and_reports_aot_failures(tmp_path, monkeypatch):
     noxfile = load_noxfile()
     monkeypatch.setattr(noxfile.shutil, "which", lambda name: None)
-    session = FakeSession(tmp_path, venv_backend="none", failing=("kernels.aot",))
-    with pytest.raises(Stop, match="error: compile_matrix failed: kernels.aot with triton installed"):
+    session = FakeSession(tmp_path, venv_backend="none", failing=("kvbits.aot",))
+    with pytest.raises(Stop, match="error: compile_matrix failed: kvbits.aot with triton installed"):
         noxfile.compile_matrix(session)
     assert session.installs() == []
     assert any("nvcc not found" in w for w in session.warnings)

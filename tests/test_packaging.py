@@ -1,9 +1,9 @@
 """The project installs beside Hugging Face's hub-kernels loader, whose distribution ``kernels``
-has the top-level import name of this repository's ``kernels/`` folder (transformers imports it
-when it is installed): the folder installs as ``kvbits``. Both go into one virtualenv from
-wheels; neither overwrites the other's files; outside the checkout ``import kernels`` is Hugging
-Face's (transformers takes it for its hub kernels) and ``import kvbits`` this project's, whose
-transformers cache generates with the hub loader beside it. Needs pip and PyPI."""
+has a top-level import name of its own that transformers imports (and from 5.25 requires). Both
+go into one virtualenv from wheels; neither overwrites the other's files; ``import kernels`` is
+Hugging Face's (transformers takes it for its hub kernels) and ``import kvbits`` this project's,
+whose transformers cache generates with the hub loader beside it: installed, and from a checkout
+first on ``sys.path`` as the harness runs. Needs pip and PyPI."""
 
 from __future__ import annotations
 
@@ -25,11 +25,11 @@ CHECK = r"""
 import sys
 from pathlib import Path
 
-venv = Path(sys.prefix)
+venv, ours = Path(sys.prefix), Path(sys.argv[1])  # where kvbits must come from: installed or a checkout
 import kernels
 assert Path(kernels.__file__).is_relative_to(venv) and hasattr(kernels, "get_kernel"), kernels.__file__
 import kvbits
-assert Path(kvbits.__file__).is_relative_to(venv), kvbits.__file__
+assert Path(kvbits.__file__).resolve().is_relative_to(ours.resolve()), kvbits.__file__
 from transformers.utils.import_utils import is_kernels_available
 assert is_kernels_available(), "transformers does not take the hub loader for its kernels"
 
@@ -50,9 +50,15 @@ print("ok", kernels.__file__, kvbits.__file__)
 """
 
 
+def _clean_env() -> dict[str, str]:
+    """This environment without PYTHONPATH (a checkout on it holds the egg-info a wheel build leaves
+    there, which pip would take for an installed kvbits) or PYTHONHOME."""
+    return {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONHOME")}
+
+
 def _pip(python: Path, *args: str, cwd: Path) -> subprocess.CompletedProcess:
     return subprocess.run([str(python), "-m", "pip", "--disable-pip-version-check", *args], cwd=cwd,
-                          capture_output=True, text=True, timeout=900)
+                          capture_output=True, text=True, timeout=900, env=_clean_env())
 
 
 def _recorded_files(site_packages: Path, dist: str) -> dict[Path, str]:
@@ -101,7 +107,13 @@ def test_installs_beside_hugging_faces_kernels(tmp_path):
 
     # torch and transformers come from this interpreter's environment, after the venv's own packages
     (inner / "zz_outer_environment.pth").write_text(site.getsitepackages()[0] + "\n")
-    run = subprocess.run([str(python), "-c", CHECK], cwd=tmp_path, capture_output=True, text=True, timeout=600,
-                         env={k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONHOME")})
-    assert run.returncode == 0, run.stdout + run.stderr
-    assert run.stdout.startswith("ok")
+    clean = _clean_env()
+    installed = subprocess.run([str(python), "-c", CHECK, str(env_dir)], cwd=tmp_path, capture_output=True, text=True,
+                               timeout=600, env=clean)
+    assert installed.returncode == 0, installed.stdout + installed.stderr
+    assert installed.stdout.startswith("ok")
+    # the checkout first on sys.path, as the harness runs the suites: it must hide neither
+    checkout = subprocess.run([str(python), "-c", CHECK, str(ROOT / "kvbits")], cwd=ROOT, capture_output=True,
+                              text=True, timeout=600, env={**clean, "PYTHONPATH": str(ROOT)})
+    assert checkout.returncode == 0, checkout.stdout + checkout.stderr
+    assert checkout.stdout.startswith("ok")

@@ -442,8 +442,8 @@ def test_kvbits_peer_attends_what_it_stores(name):
     maps heads, GQA and scale right), and those K/V are the original ones to within one
     quantization step of the tensor's range (it stores what it was given). 126 + 4 tokens: the
     second group of 64 completes on the second append."""
-    from kernels.decode import reference_decode
-    from kernels.kv_cache import dequantize_kv
+    from kvbits.decode import reference_decode
+    from kvbits.kv_cache import dequantize_kv
 
     peer = METHODS[name](B, HQ, HKV, D, 256)
     assert peer.missing() is None and peer.graph_capturable
@@ -461,8 +461,8 @@ def test_kvbits_peer_follows_replays():
     """Tokens the device appended unseen by the host (as replays of a captured step do; here the
     torch append on the cache's view): replayed() brings the peer's and the cache's host lengths to
     the device's, and the next step goes on from there."""
-    from kernels.decode import reference_decode
-    from kernels.decode.append import append_torch
+    from kvbits.decode import reference_decode
+    from kvbits.decode.append import append_torch
 
     peer = KvbitsPeer(3, B, HQ, HKV, D, 256)
     for _ in grow(peer, 60, 1):

@@ -27,12 +27,12 @@ driver packing-triton: ok
 MEMCHECK_DIRTY = """\
 ========= COMPUTE-SANITIZER
 ========= Invalid __global__ write of size 4 bytes
-=========     at _pack_bytes_kernel+0x1c0 in /work/kernels/packing.py:95
+=========     at _pack_bytes_kernel+0x1c0 in /work/kvbits/packing.py:95
 =========     by thread (31,0,0) in block (3,0,0)
 =========     Address 0x7f0000000400 is out of bounds
 =========     Saved host backtrace up to driver entry point at kernel launch time
 ========= Invalid __global__ write of size 4 bytes
-=========     at _pack_bytes_kernel+0x1c0 in /work/kernels/packing.py:95
+=========     at _pack_bytes_kernel+0x1c0 in /work/kvbits/packing.py:95
 ========= Target application returned an error
 ========= ERROR SUMMARY: 2 errors
 """

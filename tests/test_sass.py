@@ -61,7 +61,7 @@ def test_instruction_classes():
 
 
 def test_decode_specializations_count_their_elements():
-    from kernels.aot import AotSpec
+    from kvbits.aot import AotSpec
 
     spec = AotSpec("d", None, {}, {"BLOCK_T": 64, "D": 128, "WARPS": 2}, 2)
     assert sass.elements_per_thread(spec) == 256

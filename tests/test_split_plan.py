@@ -1,4 +1,4 @@
-"""The fused decode's split rule (kernels.decode.launch.split_count through split_plan), host arithmetic
+"""The fused decode's split rule (kvbits.decode.launch.split_count through split_plan), host arithmetic
 only: the GPU's SM count is stubbed, nothing runs on a device."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import itertools
 import pytest
 import torch
 
-from kernels.decode import launch as decode
+from kvbits.decode import launch as decode
 
 CUDA = torch.device("cuda")  # only its type is read: split_plan takes the GPU branch
 SMS = (132, 108, 16)  # H200, A100, a small part

@@ -131,7 +131,7 @@ def test_the_plugin_drops_a_failed_compiles_lock_after_its_test(tmp_path):
 COMPILE = textwrap.dedent("""
     import json
     from harness.compile import triton_cache
-    from kernels import aot, packing
+    from kvbits import aot, packing
     spec = next(s for s in packing.AOT_SPECS)
     aot.compile_spec(spec, 90)
     print(json.dumps(triton_cache.STATS))

@@ -20,17 +20,17 @@ is reported as a catalogue error, never run (``python -m harness.checks.mutants 
 """
 
 # The files mutants are planted in.
-PACKING = "kernels/packing.py"
-PACK3_CU = "kernels/cuda/pack3.cu"
-INT8 = "kernels/int8.py"
-INT8_CU = "kernels/cuda/int8_quant.cu"
-INT8_CPP = "kernels/cuda/int8_cpu_baseline.cpp"
-AFFINE = "kernels/affine.py"
-KV_CACHE = "kernels/kv_cache.py"
-DECODE = "kernels/decode/kernel.py"
-DECODE_REFERENCE = "kernels/decode/reference.py"
-PAGED = "kernels/decode/layout.py"
-APPEND = "kernels/decode/append.py"
+PACKING = "kvbits/packing.py"
+PACK3_CU = "kvbits/cuda/pack3.cu"
+INT8 = "kvbits/int8.py"
+INT8_CU = "kvbits/cuda/int8_quant.cu"
+INT8_CPP = "kvbits/cuda/int8_cpu_baseline.cpp"
+AFFINE = "kvbits/affine.py"
+KV_CACHE = "kvbits/kv_cache.py"
+DECODE = "kvbits/decode/kernel.py"
+DECODE_REFERENCE = "kvbits/decode/reference.py"
+PAGED = "kvbits/decode/layout.py"
+APPEND = "kvbits/decode/append.py"
 READ_FLOOR = "harness/measure/read_floor.py"
 
 # What catches them: test files and node ids.

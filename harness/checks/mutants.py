@@ -207,14 +207,14 @@ def make_copy(dest: Path, root: Path = ROOT, files: Sequence[str] | None = None)
 
 
 def verify_copy(copy: Path) -> Path:
-    """Make sure a child process in ``copy`` imports the copy's ``kernels`` (not an installed or
+    """Make sure a child process in ``copy`` imports the copy's ``kvbits`` (not an installed or
     editable one), or every mutant would silently test the original sources."""
-    probe = "import importlib.util as u; print(u.find_spec('kernels').origin)"
+    probe = "import importlib.util as u; print(u.find_spec('kvbits').origin)"
     out = subprocess.run([sys.executable, "-c", probe], cwd=copy, env=child_env(copy), capture_output=True,
                          text=True, timeout=120)
     origin = Path(out.stdout.strip() or "?").resolve()
     if out.returncode != 0 or copy.resolve() not in origin.parents:
-        raise RuntimeError(f"a process in the copy {copy} imports kernels from {origin}, not from the copy: "
+        raise RuntimeError(f"a process in the copy {copy} imports kvbits from {origin}, not from the copy: "
                            f"{out.stderr.strip()[-500:]}")
     return copy
 
@@ -415,7 +415,7 @@ def table(results: Sequence[Result]) -> str:
     rows = [("mutant", "file", "what it breaks", "killed by", "time", "result")]
     for r in results:
         killer = (r.killed_by or (r.detail if r.status != "killed" else "")).removeprefix("suites/")
-        rows.append((r.mutant.name, r.mutant.path.removeprefix("kernels/"), r.mutant.breaks, killer,
+        rows.append((r.mutant.name, r.mutant.path.removeprefix("kvbits/"), r.mutant.breaks, killer,
                      f"{r.seconds:.1f}s", r.status.upper() if r.status != "killed" else "killed"))
     limits = (34, 30, 60, 80, 7, 8)
     cells = [[c if len(c) <= w else c[: w - 3] + "..." for c, w in zip(row, limits, strict=True)] for row in rows]

@@ -80,7 +80,7 @@ def _drive_packing(backend: str) -> None:
     of 4 and (for CUDA) a buffer not aligned for the wide path."""
     import torch
 
-    from kernels.packing import CUDA_BITS, pack_bits, unpack_bits, values_per_group
+    from kvbits.packing import CUDA_BITS, pack_bits, unpack_bits, values_per_group
 
     g = _gen()
     widths = CUDA_BITS if backend == "cuda" else (1, 2, 3, 4, 5, 6, 7, 8)
@@ -98,7 +98,7 @@ def _drive_packing(backend: str) -> None:
 def _drive_int8(variant: str) -> None:
     import torch
 
-    from kernels import int8
+    from kvbits import int8
 
     g = _gen()
     for dtype in (torch.float32, torch.float16, torch.bfloat16):
@@ -115,21 +115,21 @@ def _drive_int8(variant: str) -> None:
 def _drive_affine() -> None:
     import torch
 
-    import kernels
-    from kernels.affine import QuantizeTile, _launch_quantize
-    from kernels.kv_cache import QuantizedKV
+    import kvbits
+    from kvbits.affine import QuantizeTile, _launch_quantize
+    from kvbits.kv_cache import QuantizedKV
 
     g = _gen()
     for bits, group_size, d in ((3, 64, 128), (4, 32, 64), (2, 128, 128), (8, 64, 64)):
         k = torch.randn(2, 2, 2 * group_size + 5, d, device="cuda", generator=g).half()
         v = torch.randn(2, 2, 2 * group_size + 5, d, device="cuda", generator=g).half()
-        got = kernels.quantize_kv(k, v, bits, group_size=group_size, backend="triton")
-        want = kernels.quantize_kv(k, v, bits, group_size=group_size, backend="torch")
+        got = kvbits.quantize_kv(k, v, bits, group_size=group_size, backend="triton")
+        want = kvbits.quantize_kv(k, v, bits, group_size=group_size, backend="torch")
         for name in ("k_codes", "v_codes", "k_scale", "v_scale", "k_zero", "v_zero"):
             _same(f"affine {bits}-bit G{group_size} {name}", getattr(got, name), getattr(want, name))
     # a V tile of 64 tokens over 96: the last program's masked loads and stores
     v = torch.randn(2, 2, 96, 64, device="cuda", generator=g).half()
-    want = kernels.quantize_kv(v, v, 3, group_size=32, backend="torch")
+    want = kvbits.quantize_kv(v, v, 3, group_size=32, backend="torch")
     qkv = QuantizedKV.empty(2, 2, 64, bits=3, group_size=32, capacity=96, device="cuda")
     _launch_quantize(v, qkv.v_codes, qkv.v_scale, qkv.v_zero, 0, 32, 3, False, QuantizeTile(64, 64, 2))
     for name in ("v_codes", "v_scale", "v_zero"):
@@ -139,8 +139,8 @@ def _drive_affine() -> None:
 def _drive_decode() -> None:
     import torch
 
-    import kernels
-    from kernels.decode import decode_attention, reference_decode
+    import kvbits
+    from kvbits.decode import decode_attention, reference_decode
 
     g = _gen()
     for bits, d, group_size, hq, hkv, lens in ((3, 64, 64, 4, 2, (200, 70)), (2, 128, 64, 8, 8, (129, 64)),
@@ -148,7 +148,7 @@ def _drive_decode() -> None:
         s = max(lens)
         k = torch.randn(len(lens), hkv, s, d, device="cuda", generator=g).half()
         v = torch.randn(len(lens), hkv, s, d, device="cuda", generator=g).half()
-        cache = kernels.quantize_kv(k, v, bits, group_size=group_size, backend="torch", seq_lens=list(lens))
+        cache = kvbits.quantize_kv(k, v, bits, group_size=group_size, backend="torch", seq_lens=list(lens))
         q = torch.randn(len(lens), hq, d, device="cuda", generator=g).half()
         out = decode_attention(q, cache, backend="triton")
         err = float((out.double() - reference_decode(q, cache)).abs().max())

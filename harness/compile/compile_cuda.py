@@ -1,7 +1,7 @@
-"""Compile-check every ``kernels/cuda/*.cu`` with ``nvcc``, with no GPU.
+"""Compile-check every ``kvbits/cuda/*.cu`` with ``nvcc``, with no GPU.
 
 ``python -m harness.compile.compile_cuda [--arch sm_90]`` compiles each source the way
-``kernels/cuda/loader.py`` builds it through ``load_inline`` (the command lines come
+``kvbits/cuda/loader.py`` builds it through ``load_inline`` (the command lines come
 from :func:`harness.run.commands.nvcc_command`), against the torch headers of the running
 interpreter (a CPU build of torch lacks one generated CUDA header: a shim stands in),
 and prints ptxas's register / spill report. Exit status: 0 all compiled, 1 a source
@@ -35,7 +35,7 @@ from pathlib import Path
 
 from ..run import commands
 
-SOURCE_DIR = Path(__file__).resolve().parents[2] / "kernels" / "cuda"
+SOURCE_DIR = Path(__file__).resolve().parents[2] / "kvbits" / "cuda"
 
 
 def include_dirs(scratch: Path) -> tuple[list[str], dict[str, str]]:

@@ -16,8 +16,8 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels._runtime import triton_interpreted
-from kernels.aot import AotSpec
+from kvbits._runtime import triton_interpreted
+from kvbits.aot import AotSpec
 
 from .timing import graph_replay_ms, rotations
 
@@ -98,7 +98,7 @@ def read_floor_ms(nbytes: int, device_index: int = 0) -> float:
 
 
 # ----------------------------------------------------------------------------- AOT specialization
-# The flat read as read_floor_ms launches it (kernels.aot compiles it with the kernels it bounds):
+# The flat read as read_floor_ms launches it (kvbits.aot compiles it with the kernels it bounds):
 # chunks a multiple of CHUNK_ALIGN words, sizes below 2**31 words.
 AOT_SPECS = [AotSpec("read_floor_chunks", _read_chunks_kernel,
                      {"x_ptr": "*i32", "out_ptr": "*i32", "n": "i32", "per_program": "i32"},

@@ -4,10 +4,10 @@ SASS of the hottest loop, by instruction class.
 A kernel that is issue-bound (the fused decode: ncu counts about 4 to 5 instructions per element)
 gets faster only by executing fewer instructions per element; this counts them from the
 machine code itself, so a change can be judged on any machine, in CI, per commit. The kernel
-is compiled ahead of time (:mod:`kernels.aot`) and read back with the ``cuobjdump`` and
+is compiled ahead of time (:mod:`kvbits.aot`) and read back with the ``cuobjdump`` and
 ``nvdisasm`` that ship inside Triton's wheel.
 
-    python -m harness.measure.sass [--arch 90] [--module kernels.decode.launch] [--name decode_split] [--json]
+    python -m harness.measure.sass [--arch 90] [--module kvbits.decode.launch] [--name decode_split] [--json]
 
 prints, per specialization: registers, stack (spills), SASS instructions, the hottest loop's
 length and its mix (bit operations, fp math, tensor-core MMA, memory, moves, integer/control),
@@ -146,9 +146,9 @@ def budget_of_cubin(cubin: bytes, name: str, arch: int) -> Budget:
 
 
 def budget(spec, arch: int = 90) -> Budget:
-    """Compile ``spec`` (a :class:`kernels.aot.AotSpec`) for ``sm_<arch>`` and read its budget.
+    """Compile ``spec`` (a :class:`kvbits.aot.AotSpec`) for ``sm_<arch>`` and read its budget.
     Needs TRITON_INTERPRET=0 before the kernels were imported."""
-    from kernels.aot import compile_spec
+    from kvbits.aot import compile_spec
 
     compiled = compile_spec(spec, arch)
     return budget_of_cubin(compiled.asm["cubin"], spec.name, arch)
@@ -191,7 +191,7 @@ def main(argv=None) -> int:
         print("TRITON_INTERPRET must be 0 (or unset) to compile", file=sys.stderr)
         return 2
     os.environ["TRITON_INTERPRET"] = "0"
-    from kernels.aot import KERNEL_MODULES, collect_specs
+    from kvbits.aot import KERNEL_MODULES, collect_specs
 
     specs, problems = collect_specs(args.module or KERNEL_MODULES)
     for problem in problems:

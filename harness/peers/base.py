@@ -18,7 +18,7 @@ from abc import ABC, abstractmethod
 import torch
 
 from harness.run.env import dist_version  # noqa: F401  (the peers' modules take it from here)
-from kernels._checks import require_dtype, require_int, require_rank, require_tensor
+from kvbits._checks import require_dtype, require_int, require_rank, require_tensor
 
 DTYPES = (torch.float16, torch.bfloat16)  # the model dtypes a peer is asked to serve
 

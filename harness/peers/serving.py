@@ -6,7 +6,7 @@ grow by one token per step and leave, the way a decoding server runs them.
 token to every live sequence, :meth:`Server.attend` attends one query per live sequence over its
 own tokens, :meth:`Server.free` ends one. Live sequences occupy rows 0..n-1 in
 :attr:`Server.sequences` order (k, v and q of a step follow it); freeing one moves the last row
-into its place, as a persistent batch (and :class:`kernels.PagedKVCache`) does. The public
+into its place, as a persistent batch (and :class:`kvbits.PagedKVCache`) does. The public
 methods check their arguments and the room left; the subclass does the storage's work.
 
 :class:`SdpaServer` is what plain PyTorch offers: one preallocated fp16/bf16 slot per sequence,

@@ -277,7 +277,7 @@ def plan(
 
 
 def aot_command(python: str, archs: Sequence[str] = AOT_ARCHS) -> list[str]:
-    return [python, "-m", "kernels.aot", "--arch", *archs]
+    return [python, "-m", "kvbits.aot", "--arch", *archs]
 
 
 AOT_ENV = {"TRITON_INTERPRET": "0"}
@@ -299,7 +299,7 @@ def missing_header_shims(include_dirs: Sequence[str], exists=os.path.exists) -> 
 def nvcc_command(
     source: str, output: str, include_dirs: Sequence[str], *, arch: str = NVCC_ARCH, std: str = "c++20"
 ) -> list[str]:
-    """Compile-check one ``.cu`` as ``kernels/cuda/loader.py`` builds it through ``load_inline``
+    """Compile-check one ``.cu`` as ``kvbits/cuda/loader.py`` builds it through ``load_inline``
     (same optimisation flags, the headers ``load_inline`` puts in front of CUDA sources)."""
     cmd = ["nvcc", f"-arch={arch}", f"-std={std}", "-O3", "--use_fast_math", "-lineinfo",
            "-include", "torch/types.h", "-include", "cuda.h", "-include", "cuda_runtime.h"]

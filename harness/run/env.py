@@ -73,7 +73,7 @@ def capture(leg: str | None = None) -> dict:
         triton_version = triton.__version__
     except ImportError:  # pragma: no cover
         triton_version = None
-    from kernels._runtime import run_mode
+    from kvbits._runtime import run_mode
 
     from .legs import installed_leg_name
 

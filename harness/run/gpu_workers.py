@@ -6,7 +6,7 @@ UUIDs, comma-separated). Worker ``gwN`` takes entry ``N mod len(KVH_GPUS)``:
 
 - ``CUDA_VISIBLE_DEVICES`` becomes that one entry, so the worker sees its GPU as
   ``cuda:0`` and nothing else;
-- ``KVH_EXT_DIR`` (the CUDA extension build root of ``kernels/cuda/loader.py``)
+- ``KVH_EXT_DIR`` (the CUDA extension build root of ``kvbits/cuda/loader.py``)
   becomes a directory of that GPU's own; the workers of one GPU take turns there
   under the loader's file lock (one builds, the others load);
 - every record the worker writes carries ``metrics["gpu"]``, the entry it ran on.

@@ -25,7 +25,7 @@ DRAIN_S = 1.0  # how long the output is read after the group was killed
 
 def env_with_repo(environ: Mapping[str, str] = os.environ) -> dict[str, str]:
     """A copy of ``environ`` with this repository first on ``PYTHONPATH`` (a child started
-    from elsewhere still imports ``harness`` and ``kernels`` from here)."""
+    from elsewhere still imports ``harness`` and ``kvbits`` from here)."""
     env = dict(environ)
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO_ROOT), environ.get("PYTHONPATH")) if p)
     return env

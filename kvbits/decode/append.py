@@ -1,11 +1,11 @@
 """Append tokens into a paged, decode-arranged cache on the device (one launch, no host sync).
 
 :class:`AppendLaunch` (and :func:`launch_append` for one call) writes T new tokens per sequence
-(k, v ``[B, H, T, D]``) into a :class:`~kernels.decode.paged.PagedQuantizedKV` whose
+(k, v ``[B, H, T, D]``) into a :class:`~kvbits.decode.paged.PagedQuantizedKV` whose
 block table already names the pages those tokens reach. Where a sequence's residual window and
 its new tokens complete groups of G tokens, each group is quantized (the affine scheme of
-:mod:`kernels.affine`, bit for bit: K per channel, V per token) and written straight into the
-page in the tile arrangement the fused decode reads (:mod:`kernels.decode.layout`); the tokens past the
+:mod:`kvbits.affine`, bit for bit: K per channel, V per token) and written straight into the
+page in the tile arrangement the fused decode reads (:mod:`kvbits.decode.layout`); the tokens past the
 last whole group go to the residual window. ``seq_lens`` grows by each sequence's count. The
 positions come from ``seq_lens`` on the device, so the host never waits, and one step (append,
 then attend) can be captured in a CUDA graph and replayed as the lengths grow.
@@ -53,7 +53,7 @@ APPEND_WARPS = 4
 def word_sources(bits: int, role: str, d: int, tile: int, warps: int, device) -> torch.Tensor:
     """int32 [W * 32] on ``device``: for bit j of word w of a ``role`` tile, ``(t * D + c) * 8 +
     bit``, the token t and channel c of the code it comes from and which bit of that code (the
-    inverse of :func:`kernels.decode.layout.unpack_tile`, token-major for K and V alike)."""
+    inverse of :func:`kvbits.decode.layout.unpack_tile`, token-major for K and V alike)."""
     src, bit = _pack_plan(bits, role, d, tile, warps, torch.device("cpu"))
     n, k = tile_shape(role, d, tile)
     token, channel = (src // k, src % k) if role == "k" else (src % k, src // k)

@@ -1,5 +1,5 @@
 """The paged, decode-arranged cache the fused decode reads, and its bijection with the
-contiguous :class:`~kernels.kv_cache.QuantizedKV` (docs/design.md section 3).
+contiguous :class:`~kvbits.kv_cache.QuantizedKV` (docs/design.md section 3).
 
 **Paged pool.** Fixed-size pages of ``page_size`` tokens (a multiple of the tile and
 of the group size G), shared by all sequences through a block table, as vLLM and
@@ -226,12 +226,12 @@ def paged_to_contiguous(paged: PagedQuantizedKV) -> QuantizedKV:
 def decode_view(cache: QuantizedKV, *, tile: int | None = None, warps: int | None = None) -> PagedQuantizedKV:
     """The decode arrangement of a contiguous cache: one page per sequence, made at this call.
 
-    ``tile``/``warps`` default to :func:`~kernels.decode.layout.default_layout` for the cache's
+    ``tile``/``warps`` default to :func:`~kvbits.decode.layout.default_layout` for the cache's
     head_dim and group. The view holds its own arranged codes (a copy of the codes' size, O(S)
     work); when the capacity is a multiple of the tile it shares the cache's scales and zeros,
     and it always shares its residual window and ``seq_lens``. It does not follow later writes to
     the cache's codes or scales: make it again after an append that completes a group. A cache
-    that grows token by token is a :class:`~kernels.decode.cache.PagedKVCache`, which is written
+    that grows token by token is a :class:`~kvbits.decode.cache.PagedKVCache`, which is written
     in this arrangement.
     """
     _require_cache(cache)

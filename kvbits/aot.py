@@ -4,7 +4,7 @@ Each kernel module lists ``AOT_SPECS``: one :class:`AotSpec` per kernel
 specialization worth compiling (signature types as Triton spells them, e.g.
 ``"*u8"``, ``"*i32"``, ``"i32"``, ``"fp32"``, and constexpr values). The
 interpreter accepts kernels that the compiler rejects, so CI compiles them all
-(``python -m kernels.aot --arch 80 90 100``). Requires ``TRITON_INTERPRET=0``.
+(``python -m kvbits.aot --arch 80 90 100``). Requires ``TRITON_INTERPRET=0``.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ import sys
 import time
 from dataclasses import dataclass, field
 
-KERNEL_MODULES = ("kernels.packing", "kernels.affine", "kernels.decode.launch", "kernels.decode.append", "kernels.int8",
+KERNEL_MODULES = ("kvbits.packing", "kvbits.affine", "kvbits.decode.launch", "kvbits.decode.append", "kvbits.int8",
                   "harness.measure.read_floor")
 
 
@@ -77,7 +77,7 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     if os.environ.get("TRITON_INTERPRET", "0") not in ("", "0"):
         print("compiling ahead of time needs TRITON_INTERPRET=0 in the environment (on a machine without "
-              "a GPU, importing kernels sets it to 1 when it is unset): TRITON_INTERPRET=0 python -m kernels.aot",
+              "a GPU, importing kernels sets it to 1 when it is unset): TRITON_INTERPRET=0 python -m kvbits.aot",
               file=sys.stderr)
         return 2
     os.environ["TRITON_INTERPRET"] = "0"

@@ -12,7 +12,7 @@ Backends: ``torch`` (the reference: an explicit bit-plane expansion, any device)
 ``triton`` (the branchless register assembly for bytes and the ``lo | hi`` straddle formula for
 words of *Cross-Byte & Cross-Word 3-Bit KV-Cache Packing, Triton Dequantization & Fused
 Flash-Decoding*; compiled on a GPU, interpreted on CPU tensors) and
-``cuda`` (``kernels/cuda/pack3.cu`` through the loader; b = 3 only).
+``cuda`` (``kvbits/cuda/pack3.cu`` through the loader; b = 3 only).
 """
 
 from __future__ import annotations

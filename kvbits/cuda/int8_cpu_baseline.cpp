@@ -7,7 +7,7 @@
 //   int8_cpu_quantize        one serial loop over every element (the origin document's quantize_matrix()).
 //   int8_cpu_dequantize      one serial loop over every element (the origin document's dequantize_matrix()).
 //
-// The arithmetic is the contract of kernels/int8.py, kept bit for bit by every variant:
+// The arithmetic is the contract of kvbits/int8.py, kept bit for bit by every variant:
 //   amax_d = max_t |x[t, d]|, compared by the IEEE bit pattern of |x| (so NaN and Inf dominate)
 //   s_d    = 0 if amax_d < 2^-64 else amax_d / 127          (IEEE division, round to nearest)
 //   inv_d  = 0 if s_d == 0 else 1 / s_d                     (IEEE division, round to nearest)

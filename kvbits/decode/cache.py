@@ -1,11 +1,11 @@
 """A paged low-bit KV cache a server can decode on: :class:`PagedKVCache`.
 
-A pool of fixed-size pages in the decode arrangement (:mod:`kernels.decode.layout`), a block table
+A pool of fixed-size pages in the decode arrangement (:mod:`kvbits.decode.layout`), a block table
 per sequence and a residual window per sequence, in the conventions of vLLM and FlashInfer.
 Sequences are added (with or without a prompt) and freed (their pages go back to the pool);
 each step appends one token (or a chunk) to every live sequence in one kernel launch
-(:mod:`kernels.decode.append`) and attends with the fused decode through a plan made once per
-batch composition (:class:`kernels.decode.plan.DecodePlan`). The prompt and every appended
+(:mod:`kvbits.decode.append`) and attends with the fused decode through a plan made once per
+batch composition (:class:`kvbits.decode.plan.DecodePlan`). The prompt and every appended
 token are written straight into the arrangement the kernel reads: nothing is rebuilt, and
 the cache's device memory is :meth:`PagedKVCache.nbytes`.
 
@@ -434,7 +434,7 @@ class PagedKVCache(CacheLengths):
     # -- decoding ----------------------------------------------------------------------
     def plan(self, q_heads: int, q_dtype: torch.dtype | None = None, *, sm_scale: float | None = None,
              num_splits: int | None = None) -> DecodePlan:
-        """A decode plan for the live sequences (:class:`~kernels.decode.plan.DecodePlan`), sized
+        """A decode plan for the live sequences (:class:`~kvbits.decode.plan.DecodePlan`), sized
         for the longest of them with headroom, or for what :meth:`reserve` reserved."""
         longest = max(max(self._lens, default=0), self._planned_len)
         planned = longest + max(self.group_size, longest // PLAN_HEADROOM)
@@ -446,7 +446,7 @@ class PagedKVCache(CacheLengths):
         """Fused decode of q [n, Hq, D] (fp16/bf16, row order) over every live sequence's tokens.
         The plan is kept while the batch, q's heads and dtype, and sm_scale stay and the lengths
         stay within it; a step is then two kernel launches and no host synchronization.
-        backend='torch' dequantizes and attends in torch (:func:`kernels.decode_attention`), which
+        backend='torch' dequantizes and attends in torch (:func:`kvbits.decode_attention`), which
         None picks on CPU (the fused kernel on a GPU)."""
         if (not self._on_gpu if backend is None else resolve_backend(backend, self.device, BACKENDS) == "torch"):
             from .api import decode_attention

@@ -4,7 +4,7 @@
 // float32, q [T, D] int8, out [T, D] float32. Every pointer is 16-byte aligned for "vectorized"
 // (the Python wrapper guarantees it).
 //
-// Arithmetic (kernels/int8.py states it once; every variant keeps it bit for bit):
+// Arithmetic (kvbits/int8.py states it once; every variant keeps it bit for bit):
 //   amax_d = max_t |x[t, d]| compared by the IEEE bit pattern of |x| (NaN and Inf dominate)
 //   s_d    = 0 if amax_d < 2^-64 else amax_d / 127      (__fdiv_rn: IEEE even under fast math)
 //   inv_d  = 0 if s_d == 0 else 1 / s_d                 (__fdiv_rn)
@@ -13,7 +13,7 @@
 // With the 2^-64 floor every scale, inverse and nonzero product is a normal float or rounds to
 // code 0, so flushing denormals (fast math) cannot change a code or a reconstruction.
 //
-// Host entry points (bound by kernels/int8.py through kernels/cuda/loader.py). The caller makes
+// Host entry points (bound by kvbits/int8.py through kvbits/cuda/loader.py). The caller makes
 // the tensors' device current and passes its current stream (torch.cuda.current_stream().cuda_stream),
 // so this file needs only ATen and the CUDA runtime headers:
 //   int8_cuda_scales(x, scales, inv, stream)               scales pass + finalize (shared by all variants)

@@ -1,7 +1,7 @@
-"""The one loader for every CUDA / C++ source in ``kernels/cuda/``, through ``load_inline``.
+"""The one loader for every CUDA / C++ source in ``kvbits/cuda/``, through ``load_inline``.
 
 ``load_extension("pack3", functions=[...], declarations=...)`` reads
-``kernels/cuda/pack3.cu``, names the extension after a hash of the source, the
+``kvbits/cuda/pack3.cu``, names the extension after a hash of the source, the
 flags and the torch version (so an edited source never reuses a stale build),
 and builds it in a directory per ``CUDA_VISIBLE_DEVICES`` choice (``harness.run.gpu_workers``
 gives each GPU a build root of its own). Processes that share a directory (several
@@ -37,7 +37,7 @@ def source_path(stem: str) -> Path:
         path = SOURCE_DIR / f"{stem}{suffix}"
         if path.exists():
             return path
-    raise FileNotFoundError(f"no source kernels/cuda/{stem}.cu or .cpp")
+    raise FileNotFoundError(f"no source kvbits/cuda/{stem}.cu or .cpp")
 
 
 def extension_name(stem: str, source: str, flags: list[str]) -> str:
@@ -69,7 +69,7 @@ def load_extension(
     verbose: bool = False,
     source_text: str | None = None,
 ):
-    """Build (or reuse) the extension for ``kernels/cuda/<stem>.cu|.cpp``.
+    """Build (or reuse) the extension for ``kvbits/cuda/<stem>.cu|.cpp``.
 
     ``declarations`` are the C++ prototypes of ``functions`` (what pybind binds);
     the source defines them. ``.cu`` sources need a CUDA build of torch and a GPU.
@@ -83,7 +83,7 @@ def load_extension(
     else:
         source = source_text
         is_cuda = True if cuda is None else cuda
-    name_of = f"kernels/cuda/{stem}" if source_text is None else f"{stem} (source text)"
+    name_of = f"kvbits/cuda/{stem}" if source_text is None else f"{stem} (source text)"
     if is_cuda and not torch.cuda.is_available():
         raise RuntimeError(f"{name_of} needs a CUDA device and a CUDA build of torch")
     cflags = ["-O3", *(extra_cflags or [])]

@@ -193,7 +193,7 @@ class QuantizedKV(CacheLengths):
         the group is quantized (K per channel, V per token) and packed into the codes,
         growing the capacity when needed (at least doubling it, so that appends copy each
         token a bounded number of times). Appending token by token stores exactly the codes,
-        scales, zeros and residual tokens that :func:`kernels.quantize_kv` stores for all
+        scales, zeros and residual tokens that :func:`kvbits.quantize_kv` stores for all
         tokens at once (the capacity beyond them may differ). Inputs must match the cache's
         dtype, heads and head_dim; the cache keeps their values, not their autograd graph.
         On bad input (NaN/Inf, shape, dtype) the cache is left as it was; a group whose
@@ -275,7 +275,7 @@ class QuantizedKV(CacheLengths):
         )
 
     def dequantize(self, *, dtype: torch.dtype | None = None):
-        """(k_hat, v_hat) [B, H, max(seq_lens), D]; see :func:`kernels.dequantize_kv`."""
+        """(k_hat, v_hat) [B, H, max(seq_lens), D]; see :func:`kvbits.dequantize_kv`."""
         return dequantize_kv(self, dtype=dtype)
 
 

@@ -1,9 +1,9 @@
 """``decode_attention``: one fused decode call, checks and all (docs/design.md section 6).
 
 One call does everything: it checks its arguments (reading the lengths and block table on the
-host), arranges a contiguous cache's codes (:func:`~kernels.decode.paged.decode_view`, O(S)),
+host), arranges a contiguous cache's codes (:func:`~kvbits.decode.paged.decode_view`, O(S)),
 plans the split and launches. A decode loop does these once per batch composition
-(:class:`~kernels.decode.plan.DecodePlan`, :class:`~kernels.decode.cache.PagedKVCache`).
+(:class:`~kvbits.decode.plan.DecodePlan`, :class:`~kvbits.decode.cache.PagedKVCache`).
 """
 
 from __future__ import annotations
@@ -63,8 +63,8 @@ def decode_attention(
     carry fewer bits (3 bits: about 1.5% of the largest output at V scales of 2^-10, 0.1% at
     2^-6.5). Each call reads the lengths (and a paged cache's block table) on the host, so it
     synchronizes and cannot be captured in a CUDA graph, and arranges a contiguous cache's codes
-    anew (O(S)): a decode loop plans once (:class:`~kernels.decode.plan.DecodePlan` over a
-    :class:`PagedQuantizedKV`, or :class:`~kernels.decode.cache.PagedKVCache`).
+    anew (O(S)): a decode loop plans once (:class:`~kvbits.decode.plan.DecodePlan` over a
+    :class:`PagedQuantizedKV`, or :class:`~kvbits.decode.cache.PagedKVCache`).
     """
     lens_t, lens, held = check_inputs(q, cache, seq_lens, sm_scale, num_splits, out)
     backend = resolve_backend(backend, q.device, BACKENDS)

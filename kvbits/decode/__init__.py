@@ -6,7 +6,7 @@ One package, a module per job:
 - :mod:`.layout`: the tile arrangement of the codes that the kernel reads, and its torch twins
   (``words_from_codes``/``codes_from_words``, ``unpack_tile``);
 - :mod:`.paged`: :class:`PagedQuantizedKV` (a page pool, block table, residual window and
-  lengths) and its bijection with the contiguous :class:`~kernels.kv_cache.QuantizedKV`
+  lengths) and its bijection with the contiguous :class:`~kvbits.kv_cache.QuantizedKV`
   (``paged_from_contiguous``, ``paged_to_contiguous``, ``decode_view``);
 - :mod:`.kernel`: the split and merge Triton kernels (device code only);
 - :mod:`.launch`: the split plan, partial buffers, launch arguments and AOT specializations;
@@ -19,7 +19,7 @@ One package, a module per job:
 - :mod:`.cache`: :class:`PagedKVCache`, the cache a decode loop or a server runs on.
 
 ``decode_attention(q, cache)``: one query token per sequence, q ``[B, Hq, D]`` fp16/bf16,
-against a :class:`~kernels.kv_cache.QuantizedKV` or a :class:`PagedQuantizedKV` holding ``Hkv``
+against a :class:`~kvbits.kv_cache.QuantizedKV` or a :class:`PagedQuantizedKV` holding ``Hkv``
 kv heads (``Hq % Hkv == 0``); returns ``[B, Hq, D]`` in q's dtype. Nothing is cached between
 calls: a loop keeps a :class:`DecodePlan` or a :class:`PagedKVCache`.
 """

@@ -30,10 +30,10 @@ Variants (``variant=``):
 
 =================  =========  ==========================================================
 ``torch``          any        the reference, plain torch operations
-``cpu_baseline``   CPU        the C++ baseline of *GPU-Accelerated KV Cache Quantization* (``kernels/cuda/int8_cpu_baseline.cpp``):
+``cpu_baseline``   CPU        the C++ baseline of *GPU-Accelerated KV Cache Quantization* (``kvbits/cuda/int8_cpu_baseline.cpp``):
                               OpenMP over columns for scales, serial quantize/dequantize loops;
                               float32 input only
-``naive``          CUDA       one thread per element (``kernels/cuda/int8_quant.cu``)
+``naive``          CUDA       one thread per element (``kvbits/cuda/int8_quant.cu``)
 ``tiled``          CUDA       32 x 32 tiles staged in shared memory
 ``coarsened``      CUDA       8 elements per thread, grid-stride
 ``vectorized``     CUDA       float4 / char4 accesses; needs ``D % 4 == 0`` (else ``ValueError``
@@ -267,7 +267,7 @@ def cpu_baseline_extension():
 
 @functools.cache
 def cuda_extension():
-    """The CUDA kernels of ``kernels/cuda/int8_quant.cu``, built once per process."""
+    """The CUDA kernels of ``kvbits/cuda/int8_quant.cu``, built once per process."""
     from .cuda.loader import load_extension
 
     return load_extension(

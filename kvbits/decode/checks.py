@@ -5,7 +5,7 @@ fp16 operands: :func:`check_inputs` refuses lengths past what the cache holds, b
 entries outside the pool for a page a length reaches, and fp32 scales beyond fp16's range. It
 reads the lengths and the block table on the host, so a ``decode_attention`` call synchronizes
 with the device and cannot be captured in a CUDA graph; a decode loop plans once instead
-(:class:`kernels.decode.plan.DecodePlan`), whose per-step run reads nothing on the host.
+(:class:`kvbits.decode.plan.DecodePlan`), whose per-step run reads nothing on the host.
 """
 
 from __future__ import annotations
@@ -155,7 +155,7 @@ def check_inputs(q, cache, seq_lens, sm_scale, num_splits, out) -> tuple[torch.T
         _check_out(out, q)
     if q.is_cuda and torch.cuda.is_current_stream_capturing():
         raise RuntimeError("decode_attention reads the lengths on the host and cannot be captured in a CUDA "
-                           "graph; capture DecodePlan.run (kernels.decode.plan) or PagedKVCache.attend")
+                           "graph; capture DecodePlan.run (kvbits.decode.plan) or PagedKVCache.attend")
     held = _host(cache.seq_lens).tolist()
     check_extent(cache, held)
     lens_t = cache.seq_lens if seq_lens is None else seq_lens

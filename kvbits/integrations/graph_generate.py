@@ -7,7 +7,7 @@ with no host work per token but the replay::
     cache = KVBitsCache(model.config, max_cache_len=prompt_len + 64)
     sequences = generate_graphed(model, input_ids, attention_mask, cache=cache, max_new_tokens=64)
 
-The cache is a :class:`~kernels.integrations.transformers.KVBitsCache` (the model loaded with
+The cache is a :class:`~kvbits.integrations.transformers.KVBitsCache` (the model loaded with
 ``attn_implementation="kvbits"``) or transformers' own ``StaticCache`` (with ``"sdpa"``), so that
 the packed cache's loop and the bf16 cache's run the same way.
 

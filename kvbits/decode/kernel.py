@@ -1,5 +1,5 @@
 """The fused decode's Triton kernels (docs/design.md section 6): device code only; their launch
-configuration and split plan are in :mod:`kernels.decode.launch`.
+configuration and split plan are in :mod:`kvbits.decode.launch`.
 
 Two kernels:
 
@@ -12,7 +12,7 @@ Two kernels:
    triton 3.5): each head's hi and lo column of q * s for the logits (mma_columns), one column
    of weights per head for the output (weight_columns). Each thread loads
    exactly the words of its own operand fragment (the tile arrangement of
-   :mod:`kernels.decode.layout`) and turns two codes into the fp16 pair the tensor cores read with a
+   :mod:`kvbits.decode.layout`) and turns two codes into the fp16 pair the tensor cores read with a
    mask (and a shift for fields higher up):
    ``w & 0x00070007`` read as two fp16 numbers is the subnormals code * 2^-24,
    ``w & 0x00380038`` the subnormals code * 2^-21 and, with 64-token tiles,
@@ -40,7 +40,7 @@ Two kernels:
    probabilities (a relative 2^-12 on each term of the output, below the fp16 output's own
    rounding), and reach the V product's B operand from the logits' accumulator by a gather
    that compiles to one warp shuffle per operand register (_weight_operand): V tiles keep their
-   tokens in the order that makes it so (:func:`kernels.decode.layout.kernel_token_order`). Only the sequence's
+   tokens in the order that makes it so (:func:`kvbits.decode.layout.kernel_token_order`). Only the sequence's
    last code tile, which may end past the attended length, is masked (the loop over whole
    tiles has no token mask). The last program attends the fp residual window. Each writes a
    normalized partial output and its log-sum-exp (base 2).
@@ -78,7 +78,7 @@ def _join8(a0, a1, a2, a3, a4, a5, a6, a7):
 
 @triton.jit
 def _three_bit_pairs(w0, w1, w2, CLASSES: tl.constexpr):
-    """The 16 register pairs of a 3-bit group (twin: kernels.decode.layout.three_bit_classes), joined last
+    """The 16 register pairs of a 3-bit group (twin: kvbits.decode.layout.three_bit_classes), joined last
     by bit 0 of the register index: pairs of codes at bits 0-2 of their half-words (read as fp16,
     code * 2^-24), at bits 3-5 (code * 2^-21) and, with CLASSES = 3, at bits 6-8 (code * 2^-18),
     each taken with one AND per pair after at most one shift (the last pair gathers bit 15 of the
@@ -117,7 +117,7 @@ def _code_pairs(w0, w1, w2, w3, BITS: tl.constexpr, CLASSES: tl.constexpr):
     masked code fields, register r of a group at index bits (r3, r2, r1, r0). Read as two fp16
     numbers (_place_pairs) a register holds code * 2^-24 (3 bits: code * 2^-24, 2^-21 or 2^-18
     by class, _three_bit_pairs), fp16 subnormals whose bit patterns are the masked fields, as the
-    tensor cores take them. Twin of kernels.decode.layout.unpack_group; every step stays in registers."""
+    tensor cores take them. Twin of kvbits.decode.layout.unpack_group; every step stays in registers."""
     if BITS == 2:
         F: tl.constexpr = 0x00030003
         pairs = tl.join(tl.join(_join4(w0, 0, 2, F), _join4(w0, 8, 2, F)),
@@ -153,7 +153,7 @@ def _class_factors(k, BITS: tl.constexpr, CLASSES: tl.constexpr):
 @triton.jit
 def _v_index(t):
     """The V product's reduction index of natural token t of a tile (the inverse of
-    kernels.decode.layout.kernel_token_order: within each 16, token 8b + 2c + a at 4c + 2a + b)."""
+    kvbits.decode.layout.kernel_token_order: within each 16, token 8b + 2c + a at 4c + 2a + b)."""
     return (t & ~15) | ((t & 7) << 1) | ((t >> 3) & 1)
 
 
@@ -188,7 +188,7 @@ def _load_run(ptr, T: tl.constexpr, R: tl.constexpr):
 
 @triton.jit
 def _load_plane(ptr, PLANE: tl.constexpr, NRG: tl.constexpr, T: tl.constexpr):
-    """Plane PLANE of the thread's NRG groups, in runs of up to 4 words per thread (kernels.decode.layout):
+    """Plane PLANE of the thread's NRG groups, in runs of up to 4 words per thread (kvbits.decode.layout):
     uint32 [T, NRG]."""
     R: tl.constexpr = NRG if NRG < 4 else 4
     base = ptr + PLANE * NRG * T
@@ -218,7 +218,7 @@ def _place_pairs(pairs, N: tl.constexpr, K: tl.constexpr, WARPS: tl.constexpr, I
     """Per-thread code registers uint32 [T, ...] (_code_pairs, in value order) of an [N, K] tile
     -> fp16 [N, K] holding the codes as exact subnormals (code * 2^-24, and for 3 bits
     code * 2^-21 or 2^-18 by the class of the K index, _class_factors), already in the register
-    layout of a tensor-core operand (kernels.decode.layout: reshape, permute, reshape)."""
+    layout of a tensor-core operand (kvbits.decode.layout: reshape, permute, reshape)."""
     vals = tl.reshape(_fp16_pairs(pairs, INTERPRET), [8 * WARPS, 4, N // (8 * WARPS), K // 16, 4])
     return tl.reshape(tl.permute(vals, (2, 0, 3, 1, 4)), [N, K])
 
@@ -382,7 +382,7 @@ def _f16x2(lo, hi, INTERPRET: tl.constexpr):
 def _weight_operand(w, T: tl.constexpr, HALF: tl.constexpr, VCOLS: tl.constexpr, INTERPRET: tl.constexpr):
     """Softmax weights with the V scales folded in, fp32 [T, HALF] (natural token order, the
     logits' accumulator layout) -> the V product's B operand fp16 [T, VCOLS]: row k holds token
-    kernels.decode.layout.kernel_token_order[k] (16 j + 4 c + 2 a + b: token 16 j + 8 b + 2 c + a),
+    kvbits.decode.layout.kernel_token_order[k] (16 j + 4 c + 2 a + b: token 16 j + 8 b + 2 c + a),
     column n head slot n // (VCOLS / HALF) (_head_cols), each weight rounded once to fp16 (as flash
     attention rounds its probabilities; the output's own fp16 rounding is larger). Tokens t and t + 8 of each 16, which
     one thread holds in the logits' accumulator, are packed into one 32-bit word where they are,
@@ -407,7 +407,7 @@ def _v_group(acc, zacc, p, alpha, v, s, z, HALF: tl.constexpr, VCOLS: tl.constex
     acc [G, VCOLS] += (held code) @ fl16(p * s) (_weight_operand); zacc [HALF] += sum over the
     tile's tokens of (p * s) * z (2^24 acc - zacc is the dequantized product). s and z are fp32
     [T], s with the class factors folded in and z divided by them; v [G, T] holds its tokens in
-    kernels.decode.layout's V tile order.
+    kvbits.decode.layout's V tile order.
     """
     ps32 = p * s[:, None]
     ps = _weight_operand(ps32, BLOCK_T, HALF, VCOLS, INTERPRET)
@@ -759,7 +759,7 @@ def _decode_split_kernel(
 ):
     """Partial attention of one split of one (sequence, kv head).
 
-    q [B, Hq, D] fp16/bf16; k_words, v_words int32 [NP, H, P/BLOCK_T, W] (tiles, kernels.decode.layout);
+    q [B, Hq, D] fp16/bf16; k_words, v_words int32 [NP, H, P/BLOCK_T, W] (tiles, kvbits.decode.layout);
     k_scale/k_zero [NP, H, P/G, D]; v_scale/v_zero [NP, H, P, D/G]; k/v_residual [B, H, G, D];
     block_table int32 [B, table_cols]; lens, cache_lens int32 [B] (attended length, cache length).
     Writes mid_o fp32 [B, Hq, splits+1, D] (normalized) and mid_lse fp32 [B, Hq, splits+1]

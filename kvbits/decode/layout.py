@@ -88,7 +88,7 @@ def code_classes(tile: int) -> int:
 
 def three_bit_classes(w0, w1, w2, classes: int = 2) -> tuple[list[tuple], list[tuple]]:
     """The 16 registers of a 3-bit group as the kernel extracts them (mirrors
-    ``kernels.decode._three_bit_pairs``), as (register, class) pairs, a register holding two codes
+    ``kvbits.decode._three_bit_pairs``), as (register, class) pairs, a register holding two codes
     at the field of its class (THREE_BIT_FIELDS: code * 8^class): the 8 registers whose index has
     bit 0 clear, then the 8 with it set, each in _join8 order. Fields at bits 0, 3, 6, 9 and 12
     of each plane's half-words, and the 16th pair from bit 15 of the three planes (value bit i in
@@ -118,7 +118,7 @@ def three_bit_classes(w0, w1, w2, classes: int = 2) -> tuple[list[tuple], list[t
 
 def unpack_group(planes: list[torch.Tensor], bits: int, classes: int = 2) -> torch.Tensor:
     """The kernel's in-register unpacking, in torch: ``bits`` int64 word tensors [X]
-    (values in [0, 2^32)) -> codes [X, 32]. Mirrors ``kernels.decode._code_pairs``; for 3 bits
+    (values in [0, 2^32)) -> codes [X, 32]. Mirrors ``kvbits.decode._code_pairs``; for 3 bits
     each register's codes are brought down from its class's field (three_bit_classes)."""
     if bits == 2:
         f = 0x00030003

@@ -29,8 +29,8 @@ NaN or Inf, or one whose scale overflows the scale dtype, is an error
 
 Grouping: K per channel along tokens (a group is G tokens of one channel), V per
 token along channels (G channels of one token). Codes are packed along D in the
-canonical LSB-first stream (``kernels.packing``). The cache layout is documented
-in :mod:`kernels.kv_cache`.
+canonical LSB-first stream (``kvbits.packing``). The cache layout is documented
+in :mod:`kvbits.kv_cache`.
 """
 
 from __future__ import annotations

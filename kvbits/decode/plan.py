@@ -1,15 +1,15 @@
 """Plan once, run per step: the fused decode's host work done once per batch composition.
 
-:class:`DecodePlan` takes a decode-arranged cache (:class:`~kernels.decode.paged.PagedQuantizedKV`),
+:class:`DecodePlan` takes a decode-arranged cache (:class:`~kvbits.decode.paged.PagedQuantizedKV`),
 the query heads and dtype, and the longest length it is to serve, and does once what
-:func:`~kernels.decode.api.decode_attention` does on every call: the checks of the cache's configuration,
+:func:`~kvbits.decode.api.decode_attention` does on every call: the checks of the cache's configuration,
 the split plan (sized for ``max_len``: a split past a sequence's tokens stores an empty
 partial), the partial-output buffers and every launch argument. :meth:`DecodePlan.run` then
 launches the split and merge kernels on the lengths the device holds, with no host
 synchronization: a step can be captured in a CUDA graph and replayed while the lengths grow
 up to ``max_len`` (as FlashInfer's ``plan()``/``run()`` split does).
 
-Launches go through :class:`~kernels.decode.direct_launch.Launch`, which skips Triton's per-call argument
+Launches go through :class:`~kvbits.decode.direct_launch.Launch`, which skips Triton's per-call argument
 specialization once the first call has compiled the kernel.
 """
 

@@ -2,12 +2,12 @@
 
 Three lines::
 
-    import kernels.integrations.transformers as kvbits   # registers attn_implementation "kvbits"
+    import kvbits.integrations.transformers as kvbits   # registers attn_implementation "kvbits"
     model = AutoModelForCausalLM.from_pretrained(name, attn_implementation="kvbits")
     out = model.generate(**inputs, past_key_values=kvbits.KVBitsCache(model.config, max_cache_len=4096))
 
 :class:`KVBitsCache` is a transformers ``Cache`` holding one
-:class:`~kernels.decode.cache.PagedKVCache` per layer (one sequence per batch row), made at the
+:class:`~kvbits.decode.cache.PagedKVCache` per layer (one sequence per batch row), made at the
 prompt's step. The attention registered as ``"kvbits"`` (:func:`kvbits_attention`) runs exact
 attention (transformers' SDPA, with the model's causal and padding mask) over the prompt's own
 K/V while it quantizes the prompt into the cache, then the fused decode for every single-token
@@ -23,7 +23,7 @@ never attended; every token after the prompt is a real one (``generate`` extends
 ones; a step whose new token is masked is refused).
 
 Greedy decoding with every step replayed from one captured CUDA graph: ``generate_graphed`` in
-:mod:`kernels.integrations.graph_generate`.
+:mod:`kvbits.integrations.graph_generate`.
 
 Not served (clear ``ValueError``/``TypeError``): encoder-decoder models, layers other than full
 attention (sliding window, chunked, linear), head_dim not a multiple of group_size, a
@@ -204,7 +204,7 @@ class KVBitsLayer(CacheLayerMixin):
 
 class KVBitsCache(Cache):
     """A transformers ``Cache`` for decoder-only models with full attention in every layer, each
-    layer a :class:`~kernels.decode.cache.PagedKVCache` (made at the prompt's step, one sequence
+    layer a :class:`~kvbits.decode.cache.PagedKVCache` (made at the prompt's step, one sequence
     per batch row) read by the ``"kvbits"`` attention (:func:`kvbits_attention`).
 
     config: the model's ``PreTrainedConfig``. max_cache_len: positions per row the pools hold

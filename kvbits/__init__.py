@@ -2,17 +2,17 @@
 
 Public API (docs/design.md section 4)::
 
-    kernels.pack_bits(values, bits=3, *, layout="byte", backend=None)
-    kernels.unpack_bits(packed, bits=3, *, layout="byte", backend=None)
-    kernels.quantize_kv(k, v, bits=3, *, group_size=64, ...) -> QuantizedKV
-    kernels.dequantize_kv(qkv) -> (k_hat, v_hat)
-    kernels.decode_attention(q, qkv, *, seq_lens=None, sm_scale=None, backend=None)
-    kernels.PagedKVCache(num_pages, page_size, heads, head_dim, ...)  # add_sequence, append, attend, free
-    kernels.DecodePlan(view, q_heads, q_dtype, max_len).run(q)
-    kernels.int8.quantize_per_channel(x, *, variant=None) -> (q, scales)
-    kernels.int8.dequantize_per_channel(q, scales, *, variant=None)
+    kvbits.pack_bits(values, bits=3, *, layout="byte", backend=None)
+    kvbits.unpack_bits(packed, bits=3, *, layout="byte", backend=None)
+    kvbits.quantize_kv(k, v, bits=3, *, group_size=64, ...) -> QuantizedKV
+    kvbits.dequantize_kv(qkv) -> (k_hat, v_hat)
+    kvbits.decode_attention(q, qkv, *, seq_lens=None, sm_scale=None, backend=None)
+    kvbits.PagedKVCache(num_pages, page_size, heads, head_dim, ...)  # add_sequence, append, attend, free
+    kvbits.DecodePlan(view, q_heads, q_dtype, max_len).run(q)
+    kvbits.int8.quantize_per_channel(x, *, variant=None) -> (q, scales)
+    kvbits.int8.dequantize_per_channel(q, scales, *, variant=None)
 
-Submodules load on first use, so ``import kernels`` stays cheap.
+Submodules load on first use, so ``import kvbits`` stays cheap.
 """
 
 from __future__ import annotations
@@ -41,4 +41,4 @@ def __getattr__(name: str):
         return getattr(importlib.import_module(f".{_EXPORTS[name]}", __name__), name)
     if name in _SUBMODULES:
         return importlib.import_module(f".{name}", __name__)
-    raise AttributeError(f"module 'kernels' has no attribute {name!r}")
+    raise AttributeError(f"module 'kvbits' has no attribute {name!r}")
