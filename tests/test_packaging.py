@@ -19,7 +19,11 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-HUB_KERNELS = ["kernels==0.16.2", "huggingface-hub>=1.10,<2"]  # in transformers 5.17's range; its hub pin
+# What goes into the virtualenv beside kvbits: the hub loader in range of the environment's
+# transformers (5.17, CI's pin; torch and transformers then come from the environment), or the
+# release that requires the loader, with its own transformers, loader and hub
+HUB_STACKS = {"hub-kernels-0.16": ["kernels==0.16.2", "huggingface-hub>=1.10,<2"],
+              "transformers-5.25": ["transformers==5.25.0"]}
 
 CHECK = r"""
 import sys
@@ -46,7 +50,8 @@ ids = torch.randint(1, 64, (1, 40))
 out = model.generate(ids, past_key_values=kv.KVBitsCache(config, max_cache_len=48, group_size=32),
                      max_new_tokens=3, min_new_tokens=3, do_sample=False, pad_token_id=0)
 assert out.shape == (1, 43), out.shape
-print("ok", kernels.__file__, kvbits.__file__)
+import transformers
+print("ok", transformers.__version__, kernels.__file__, kvbits.__file__)
 """
 
 
@@ -76,12 +81,14 @@ def _sha256(path: Path) -> str:
     return base64.urlsafe_b64encode(hashlib.sha256(path.read_bytes()).digest()).rstrip(b"=").decode()
 
 
-def test_installs_beside_hugging_faces_kernels(tmp_path):
+@pytest.mark.parametrize("stack", list(HUB_STACKS))
+def test_installs_beside_hugging_faces_kernels(tmp_path, stack):
     pytest.importorskip("transformers", reason="the check generates with transformers (the 'transformers' extra)")
-    probe = _pip(Path(sys.executable), "download", "--no-deps", "-q", "-d", str(tmp_path / "probe"), HUB_KERNELS[0],
+    packages = HUB_STACKS[stack]
+    probe = _pip(Path(sys.executable), "download", "--no-deps", "-q", "-d", str(tmp_path / "probe"), packages[0],
                  cwd=tmp_path)
     if probe.returncode:
-        pytest.skip(f"PyPI cannot be reached for {HUB_KERNELS[0]}: {probe.stderr.strip().splitlines()[-1:]}")
+        pytest.skip(f"PyPI cannot be reached for {packages[0]}: {probe.stderr.strip().splitlines()[-1:]}")
     wheels = tmp_path / "wheels"
     built = _pip(Path(sys.executable), "wheel", "--no-deps", "-q", "-w", str(wheels), str(ROOT), cwd=tmp_path)
     assert built.returncode == 0, built.stderr
@@ -92,7 +99,7 @@ def test_installs_beside_hugging_faces_kernels(tmp_path):
     python = env_dir / "bin" / "python"
     inner = Path(subprocess.run([str(python), "-c", "import site; print(site.getsitepackages()[0])"],
                                 capture_output=True, text=True, check=True).stdout.strip())
-    hub = _pip(python, "install", "-q", *HUB_KERNELS, cwd=tmp_path)
+    hub = _pip(python, "install", "-q", *packages, cwd=tmp_path)
     assert hub.returncode == 0, hub.stderr
     theirs = _recorded_files(inner, "kernels")
     ours = _pip(python, "install", "-q", "--no-deps", str(wheel), cwd=tmp_path)
@@ -112,6 +119,8 @@ def test_installs_beside_hugging_faces_kernels(tmp_path):
                                timeout=600, env=clean)
     assert installed.returncode == 0, installed.stdout + installed.stderr
     assert installed.stdout.startswith("ok")
+    if stack == "transformers-5.25":
+        assert installed.stdout.split()[1] == "5.25.0", installed.stdout  # the venv's own, not the environment's
     # the checkout first on sys.path, as the harness runs the suites: it must hide neither
     checkout = subprocess.run([str(python), "-c", CHECK, str(ROOT / "kvbits")], cwd=ROOT, capture_output=True,
                               text=True, timeout=600, env={**clean, "PYTHONPATH": str(ROOT)})
