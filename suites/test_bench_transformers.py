@@ -47,7 +47,8 @@ TINY = dict(hidden_size=128, intermediate_size=256, num_attention_heads=4, num_k
 CASES = [(1, 8192), (1, 32768), (1, 131072), (8, 8192), (8, 32768)] if GPU else [(1, 96), (2, 70)]
 CACHES = ("dynamic", "static", "static-graph", "quanto-int4", "kvbits-3bit", "kvbits-3bit-graph",
           "kvbits-3bit-graph-sample")
-# what the sampled graph case draws with: Llama-3-8B-Instruct's generation settings
+# what the sampled graph case draws with: Llama-3-8B-Instruct's generation settings (top_k left to
+# generate's default, 50)
 SAMPLING = {"do_sample": True, "temperature": 0.6, "top_p": 0.9}
 STEPS = 32 if GPU else 3
 MEMORY_GB = (80, 141)  # device sizes the longest context is given for
@@ -56,7 +57,9 @@ MEMORY_GB = (80, 141)  # device sizes the longest context is given for
 @pytest.fixture(scope="module")
 def model():
     """The model in bf16 (fp32 on CPU) on DEVICE, weights drawn N(0, 0.02) from a fixed seed."""
-    config = LlamaConfig(**(LLAMA3_8B if GPU else TINY), max_position_embeddings=max(s for _, s in CASES) + STEPS + 8)
+    # no eos id: every timed run decodes all its steps (generate_graphed, like generate, stops at the config's)
+    config = LlamaConfig(**(LLAMA3_8B if GPU else TINY), max_position_embeddings=max(s for _, s in CASES) + STEPS + 8,
+                         eos_token_id=None)
     dtype = torch.bfloat16 if GPU else torch.float32
     with torch.device("meta"):  # no host copy of 8B parameters: allocated on the device, then drawn there
         net = LlamaForCausalLM(config)

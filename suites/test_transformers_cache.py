@@ -89,8 +89,8 @@ class Size:
                            num_attention_heads=self.heads, num_key_value_heads=self.kv_heads,
                            head_dim=self.head_dim, num_hidden_layers=self.layers, vocab_size=self.vocab,
                            max_position_embeddings=2 * (self.prompt + self.new), pad_token_id=PAD,
-                           # no eos of the model's own: generate would mask it until min_new_tokens,
-                           # generate_graphed takes eos only as an argument (the eos case passes one to both)
+                           # no eos of the model's own: generate masks it until min_new_tokens, which
+                           # generate_graphed does not apply (the eos case sets one for both)
                            eos_token_id=None, attn_implementation="sdpa")
 
 
@@ -122,10 +122,10 @@ def _prompt(gen: torch.Generator, size: Size, rows: int, length: int, device) ->
 
 def _generate(model, ids, mask=None, *, new: int, cache=None, attention="sdpa", sample_seed=None, sampling=None):
     """(sequences [B, S + new], per-step logits [B, new, V] in float64) of greedy generation (or
-    sampling seeded with ``sample_seed``: plain, or with the warpers' arguments ``sampling``) with
+    sampling seeded with ``sample_seed``: plain, or with generate's arguments ``sampling``) with
     ``attention`` and ``cache``."""
     model.set_attn_implementation(attention)
-    kw = {"do_sample": False} if sample_seed is None else {"do_sample": True, "top_k": 0, **(sampling or {})}
+    kw = {"do_sample": False} if sample_seed is None else {"do_sample": True, "top_k": 0} if sampling is None else sampling
     if sample_seed is not None:
         torch.manual_seed(sample_seed)
     with torch.no_grad():
@@ -154,6 +154,21 @@ def _first_difference(a: torch.Tensor, b: torch.Tensor, start: int) -> int | Non
     """First generated step where two runs' tokens differ (None: never)."""
     differ = (a[:, start:] != b[:, start:]).any(dim=0).nonzero()
     return int(differ[0]) if len(differ) else None
+
+
+def _first_logits_difference(a: torch.Tensor, b: torch.Tensor) -> int | None:
+    """First step where two runs' logits [B, N, V] differ at all, over the steps both ran (None: never)."""
+    steps = min(a.shape[1], b.shape[1])
+    differ = (a[:, :steps] != b[:, :steps]).any(-1).any(0).nonzero()
+    return int(differ[0]) if len(differ) else None
+
+
+def _reproducible(kind: str, device) -> bool:
+    """Whether a run repeats bit for bit. transformers' SDPA over a StaticCache on a GPU does not:
+    the same seeded run's logits differ from its first decode step on (up to 6e-3 on an H100, with
+    the greedy tokens parting at step 24 of 64), so there a rerun may part only from a step whose
+    logits differ; the kvbits path repeats exactly on every device."""
+    return kind != "static" or device == "cpu"
 
 
 def _unit(ref: torch.Tensor, bits: int) -> float:
@@ -440,31 +455,55 @@ def _eos_applied(new_tokens: torch.Tensor, eos: list[int]) -> torch.Tensor:
 
 @pytest.mark.parametrize("device", device_params())
 @pytest.mark.parametrize("kind", ["kvbits", "static"])
-def test_graph_replayed_generation_stops_at_eos(record, seed, device, kind):
+@pytest.mark.parametrize("eos_from", ["arguments", "generation-config"])
+def test_graph_replayed_generation_stops_at_eos(record, seed, device, kind, eos_from):
     """With eos_token_id (one id per row of a left-padded batch of two, drawn from the run without
     it), each row gets PAD after its eos and decoding stops once both rows have one: exactly the
-    run without eos, cut as generate cuts it (the same replays, so bit for bit on every device),
-    and on CPU exactly what generate gives; the cache holds the positions of the steps run."""
+    run without eos, cut as generate cuts it, whether the ids are arguments or set in the model's
+    generation config (the same replays, so bit for bit wherever a run
+    repeats bit for bit, and up to the first step whose logits differ where it does not: see
+    ``_reproducible``), and on CPU exactly what generate gives; the cache holds the positions of
+    the steps run."""
     record.backend, record.device = ("transformers" if kind == "static" else "kvbits"), device
-    record.variant = f"fp16-graphed-{kind}-eos"
+    record.variant = f"fp16-graphed-{kind}-eos-{eos_from}"
     size = _size(device)
     model, _ = _models(size, seed, torch.float16, device)
     ids, mask = _graph_prompt(size, seed, True, device)
-    runs = {}
+    runs, logits = {}, {}
     for name in ("full", "eos"):
         cache, attention = _graph_cache(kind, model, size, size.new)
         eos = None if name == "full" else [int(runs["full"][0, size.prompt + 3]), int(runs["full"][1, size.prompt + 5])]
+        stop = {"eos_token_id": eos, "pad_token_id": None if eos is None else PAD}
+        if eos_from == "generation-config":
+            model.generation_config.update(**stop)
         model.set_attn_implementation(attention)
         try:
-            runs[name] = generate_graphed(model, ids, mask, cache=cache, max_new_tokens=size.new, eos_token_id=eos,
-                                          pad_token_id=None if eos is None else PAD)
+            runs[name], logits[name] = generate_graphed(model, ids, mask, cache=cache, max_new_tokens=size.new,
+                                                        return_logits=True,
+                                                        **(stop if eos_from == "arguments" else {}))
         finally:
             model.set_attn_implementation("sdpa")
     expected = _eos_applied(runs["full"][:, size.prompt:], eos)
-    record.add(new=expected.shape[1], eos=eos)
+    ours = runs["eos"][:, size.prompt:]
+    # each row's logits until its eos (a finished row's later input is PAD, so its logits part there)
+    ends = [int(hits.nonzero()[0]) + 1 if hits.any() else expected.shape[1]
+            for hits in torch.isin(expected, torch.tensor(eos, device=expected.device))]
+    row_parts = [_first_logits_difference(logits["full"][r:r + 1, :end], logits["eos"][r:r + 1, :end])
+                 for r, end in enumerate(ends)]
+    parted = min((p for p in row_parts if p is not None), default=None)
+    record.add(new=expected.shape[1], eos=eos, logits_differ_from=parted)
     assert expected.shape[1] <= 6, "both rows hold an eos by step 5"
-    assert torch.equal(runs["eos"][:, size.prompt:], expected), "graph-replayed tokens with eos differ from the rule"
-    assert int(cache.get_seq_length()) == size.prompt + expected.shape[1] - 1
+    # the rule holds of the run itself on every path: PAD after each row's eos, the stop when both have one
+    assert torch.equal(_eos_applied(ours, eos), ours), "a finished row is not padded, or decoding went on"
+    if not torch.isin(ours, torch.tensor(eos, device=ours.device)).any(-1).all():
+        assert ours.shape[1] == size.new, "decoding stopped with a row unfinished"
+    if _reproducible(kind, device) or parted is None:
+        assert parted is None, f"the rerun's logits differ from step {parted}"
+        assert torch.equal(ours, expected), "graph-replayed tokens with eos differ from the rule"
+        assert int(cache.get_seq_length()) == size.prompt + expected.shape[1] - 1
+    else:  # the same rule up to the step whose logits differ
+        assert torch.equal(ours[:, :parted], expected[:, :parted]), "graph-replayed tokens with eos differ"
+        assert int(cache.get_seq_length()) == size.prompt + ours.shape[1] - 1
     if device == "cpu":
         model.set_attn_implementation(attention)
         try:
@@ -477,21 +516,33 @@ def test_graph_replayed_generation_stops_at_eos(record, seed, device, kind):
 
 
 SAMPLING = {"temperature": 0.7, "top_k": 40, "top_p": 0.9}  # each of generate's warpers in play
+# where the sampling settings come from: (the arguments both calls get, the model's generation
+# config's settings, the warpers' settings generate resolves them to)
+SAMPLING_SOURCES = {
+    "arguments": ({"do_sample": True, **SAMPLING}, {}, SAMPLING),
+    # top_k unset: generate's default of 50 applies
+    "defaults": ({"do_sample": True, "temperature": 0.7, "top_p": 0.9}, {}, {**SAMPLING, "top_k": 50}),
+    "generation-config": ({}, {"do_sample": True, "temperature": 0.7, "top_p": 0.9}, {**SAMPLING, "top_k": 50}),
+}
 
 
 @pytest.mark.parametrize("device", device_params())
 @pytest.mark.parametrize("kind", ["kvbits", "static"])
-def test_graph_replayed_sampling_draws_as_generate(record, seed, device, kind):
-    """do_sample with temperature, top-k and top-p, seeded, on a left-padded batch of two: each
-    token generate_graphed draws is the one generate's own rule (transformers' warpers, then
-    torch.multinomial) draws from the same logits after the same seed, the replayed steps' too (a
-    graph's draws must follow the default generator as eager ones do); the seed repeats the run,
-    another seed changes it; on CPU the run is generate's bit for bit, and on a GPU its logits are
-    generate's until the tokens part."""
+@pytest.mark.parametrize("source", list(SAMPLING_SOURCES))
+def test_graph_replayed_sampling_draws_as_generate(record, seed, device, kind, source):
+    """Sampling with temperature, top-k and top-p, seeded, on a left-padded batch of two, the
+    settings given as arguments, partly left to generate's defaults, or left to the model's
+    generation config: each token generate_graphed draws is the one generate's own rule
+    (transformers' warpers with the settings generate resolves, then torch.multinomial) draws from
+    the same logits after the same seed, the replayed steps' too (a graph's draws must follow the
+    default generator as eager ones do); the seed repeats the run, another seed changes it; on CPU
+    the run is generate's bit for bit, and on a GPU its logits are generate's until the tokens part."""
     record.backend, record.device = ("transformers" if kind == "static" else "kvbits"), device
-    record.variant = f"fp16-graphed-{kind}-sample"
+    record.variant = f"fp16-graphed-{kind}-sample-{source}"
+    arguments, configured, resolved = SAMPLING_SOURCES[source]
     size = _size(device)
     model, _ = _models(size, seed, torch.float16, device)
+    model.generation_config.update(**configured)
     ids, mask = _graph_prompt(size, seed, True, device)
 
     def run(sample_seed: int):
@@ -499,30 +550,101 @@ def test_graph_replayed_sampling_draws_as_generate(record, seed, device, kind):
         model.set_attn_implementation(attention)
         try:
             torch.manual_seed(sample_seed)
-            return generate_graphed(model, ids, mask, cache=cache, max_new_tokens=size.new, do_sample=True,
-                                    return_logits=True, **SAMPLING)
+            return generate_graphed(model, ids, mask, cache=cache, max_new_tokens=size.new, return_logits=True,
+                                    **arguments)
         finally:
             model.set_attn_implementation("sdpa")
 
-    (seq, logits), (again, _), (other, _) = run(seed), run(seed), run(seed + 1)
-    warpers = LogitsProcessorList([TemperatureLogitsWarper(SAMPLING["temperature"]),
-                                   TopKLogitsWarper(SAMPLING["top_k"]), TopPLogitsWarper(SAMPLING["top_p"])])
+    (seq, logits), (again, again_logits), (other, _) = run(seed), run(seed), run(seed + 1)
+    warpers = LogitsProcessorList([TemperatureLogitsWarper(resolved["temperature"]),
+                                   TopKLogitsWarper(resolved["top_k"]), TopPLogitsWarper(resolved["top_p"])])
     torch.manual_seed(seed)
     drawn = torch.stack([torch.multinomial(warpers(None, logits[:, n]).softmax(-1), 1)[:, 0]
                          for n in range(size.new)], 1)
     their_cache, attention = _graph_cache(kind, model, size, size.new)
     theirs, their_logits = _generate(model, ids, mask, new=size.new, cache=their_cache, attention=attention,
-                                     sample_seed=seed, sampling=SAMPLING)
+                                     sample_seed=seed, sampling=arguments)
     first = _first_difference(seq, theirs, size.prompt)
     steps = size.new if first is None else first + 1
     err = float(_step_errors(logits.double()[:, :steps], their_logits[:, :steps]).max())
     tol = 0.0 if device == "cpu" else 0.05 * float(their_logits.std())
-    record.add(first_token_difference=first, max_abs_err=err, tolerance=tol, new=size.new)
+    repeated, parted = _first_difference(seq, again, size.prompt), _first_logits_difference(logits, again_logits)
+    record.add(first_token_difference=first, max_abs_err=err, tolerance=tol, new=size.new,
+               rerun_tokens_differ_from=repeated, rerun_logits_differ_from=parted)
     assert torch.equal(seq[:, size.prompt:], drawn), "the draws differ from generate's rule on the same logits"
-    assert torch.equal(seq, again), "a seeded run must repeat"
+    if _reproducible(kind, device):
+        assert parted is None and repeated is None, f"a seeded rerun differs: logits from {parted}, tokens from {repeated}"
+    else:  # the same noise: tokens part only where the logits already do
+        assert repeated is None or (parted is not None and parted <= repeated), \
+            f"a seeded rerun's tokens differ from step {repeated}, its logits from {parted}"
     assert not torch.equal(seq, other), "another seed must draw other tokens"
     assert err <= tol, f"sampled steps' logits differ from generate's by {err:.4g}"
     assert first is None or device != "cpu", f"sampled tokens differ from generate's from step {first}"
+
+
+@pytest.mark.parametrize("device", device_params())
+def test_graph_replayed_greedy_ignores_sampling_settings(record, seed, device):
+    """Greedy decoding given temperature and top_k, and greedy decoding asked for (do_sample=False)
+    of a model whose generation config samples: each gives the tokens of plain greedy decoding, as
+    generate does."""
+    record.backend, record.device, record.variant = "kvbits", device, "fp16-graphed-greedy-with-sampling-settings"
+    size = _size(device)
+    model, _ = _models(size, seed, torch.float16, device)
+    ids, mask = _graph_prompt(size, seed, True, device)
+    runs = {}
+    model.set_attn_implementation(ATTENTION_NAME)
+    try:
+        for name, arguments in (("greedy", {}), ("sampling-arguments", {"temperature": 0.3, "top_k": 2}),
+                                ("config-samples", {"do_sample": False})):
+            if name == "config-samples":
+                model.generation_config.update(do_sample=True, temperature=0.3, top_k=2)
+            runs[name] = generate_graphed(model, ids, mask, cache=_kvbits_cache(model, size), max_new_tokens=size.new,
+                                          **arguments)
+    finally:
+        model.set_attn_implementation("sdpa")
+    record.add(new=size.new)
+    for name in ("sampling-arguments", "config-samples"):
+        assert torch.equal(runs["greedy"], runs[name]), f"{name} changed greedy decoding"
+
+
+class _NaNFromStep:
+    """A forward hook for the model's head that makes the logits NaN from step ``first`` on (1: the
+    prompt's), counting steps on the device so that graph replays count as well."""
+
+    def __init__(self, first: int, device):
+        self.first, self.steps = first, torch.zeros((), dtype=torch.long, device=device)
+
+    def __call__(self, module, inputs, output):
+        self.steps.add_(1)
+        return output + torch.where(self.steps >= self.first, float("nan"), 0.0).to(output.dtype)
+
+
+@pytest.mark.parametrize("device", device_params())
+def test_graph_replayed_sampling_refuses_nan_probabilities(record, seed, device):
+    """Logits that turn NaN from the fourth step (the second replay on a GPU): sampling raises a
+    RuntimeError naming NaN, where generate's torch.multinomial raises; the same run with NaN from
+    no step within reach raises nothing."""
+    record.backend, record.device, record.variant = "kvbits", device, "fp16-graphed-sample-nan"
+    size = _size(device)
+    model, _ = _models(size, seed, torch.float16, device)
+    ids, _ = _graph_prompt(size, seed, False, device)
+    model.set_attn_implementation(ATTENTION_NAME)
+    outcomes = {}
+    try:
+        for first in (4, size.new + 1):
+            hook = model.lm_head.register_forward_hook(_NaNFromStep(first, device))
+            try:
+                generate_graphed(model, ids, cache=_kvbits_cache(model, size), max_new_tokens=size.new, do_sample=True)
+                outcomes[first] = None
+            except RuntimeError as error:
+                outcomes[first] = str(error)
+            finally:
+                hook.remove()
+    finally:
+        model.set_attn_implementation("sdpa")
+    record.add(outcomes=outcomes)
+    assert outcomes[4] is not None and "held NaN" in outcomes[4], outcomes
+    assert outcomes[size.new + 1] is None, outcomes
 
 
 @pytest.mark.parametrize("device", device_params())
@@ -593,6 +715,13 @@ def _tiny_model(attention: str) -> LlamaForCausalLM:
         torch.manual_seed(0)
         model = LlamaForCausalLM(_tiny()).eval()
     model.set_attn_implementation(attention)
+    return model
+
+
+def _configured(**generation) -> LlamaForCausalLM:
+    """The tiny kvbits model with ``generation`` set in its generation config."""
+    model = _tiny_model(ATTENTION_NAME)
+    model.generation_config.update(**generation)
     return model
 
 
@@ -675,10 +804,18 @@ BAD = {
         "masks the last column of rows [0]"),
     "graphed_eos_not_int": (lambda: generate_graphed(_tiny_model(ATTENTION_NAME), _ids(10), cache=_kv(
         _tiny_model(ATTENTION_NAME)), max_new_tokens=2, eos_token_id="2"), TypeError, "eos_token_id must be an int"),
-    "graphed_pad_without_eos": (lambda: generate_graphed(_tiny_model(ATTENTION_NAME), _ids(10), cache=_kv(
-        _tiny_model(ATTENTION_NAME)), max_new_tokens=2, pad_token_id=0), ValueError, "without eos_token_id"),
-    "graphed_temperature_when_greedy": (lambda: generate_graphed(_tiny_model(ATTENTION_NAME), _ids(10), cache=_kv(
-        _tiny_model(ATTENTION_NAME)), max_new_tokens=2, temperature=0.5), ValueError, "pass do_sample=True"),
+    "graphed_repetition_penalty_configured": (lambda: generate_graphed(_configured(repetition_penalty=1.1), _ids(10),
+        cache=_kv(_tiny_model(ATTENTION_NAME)), max_new_tokens=2), ValueError, "sets repetition_penalty=1.1"),
+    "graphed_min_p_configured": (lambda: generate_graphed(_configured(min_p=0.05), _ids(10), cache=_kv(
+        _tiny_model(ATTENTION_NAME)), max_new_tokens=2, do_sample=True), ValueError, "sets min_p=0.05"),
+    "graphed_contrastive_configured": (lambda: generate_graphed(_configured(penalty_alpha=0.6), _ids(10), cache=_kv(
+        _tiny_model(ATTENTION_NAME)), max_new_tokens=2), ValueError, "ask for contrastive_search"),
+    "graphed_beams_configured": (lambda: generate_graphed(_configured(num_beams=2), _ids(10), cache=_kv(
+        _tiny_model(ATTENTION_NAME)), max_new_tokens=2), ValueError, "ask for beam_search"),
+    "graphed_min_new_tokens_with_eos": (lambda: generate_graphed(_configured(min_new_tokens=3), _ids(10), cache=_kv(
+        _tiny_model(ATTENTION_NAME)), max_new_tokens=4), ValueError, "sets min_new_tokens=3"),
+    "graphed_top_p_negative": (lambda: generate_graphed(_tiny_model(ATTENTION_NAME), _ids(10), cache=_kv(
+        _tiny_model(ATTENTION_NAME)), max_new_tokens=2, do_sample=True, top_p=-0.1), ValueError, "top_p must be in"),
     "graphed_top_p_above_one": (lambda: generate_graphed(_tiny_model(ATTENTION_NAME), _ids(10), cache=_kv(
         _tiny_model(ATTENTION_NAME)), max_new_tokens=2, do_sample=True, top_p=1.5), ValueError, "top_p must be in"),
     "graphed_top_k_float": (lambda: generate_graphed(_tiny_model(ATTENTION_NAME), _ids(10), cache=_kv(

@@ -22,11 +22,12 @@ StaticCache's pass a boolean mask over its slots [B, 1, 1, max_cache_len], the p
 tokens and each new one set. Position ids count each row's real tokens, as ``generate`` does with
 left padding.
 
-Greedy or sampling, as ``generate``'s ``do_sample``; a draw replayed from the graph comes from
+Greedy or sampling, as ``generate``'s ``do_sample``, the settings left unset taken from the
+model's generation config as ``generate`` takes them; a draw replayed from the graph comes from
 torch's default generator as an eager one does (each replay advances the generator's offset), so a
-seed gives ``generate``'s draws. With ``eos_token_id`` a row that emits it is given
-``pad_token_id`` from then on and the loop stops once every row has (one read of the device per
-step, as ``generate`` reads its stopping flag); without it, exactly ``max_new_tokens`` tokens. On a
+seed gives ``generate``'s draws. With an eos id a row that emits it is given the pad id from then
+on and the loop stops once every row has (one read of the device per step, as ``generate`` reads
+its stopping flag); without one, exactly ``max_new_tokens`` tokens. On a
 device without CUDA graphs (CPU), and for a KVBitsCache with ``backend="torch"`` (whose appends
 read lengths on the host), the same steps run eagerly, one forward each.
 """
@@ -34,28 +35,32 @@ read lengths on the host), the same steps run eagerly, one forward each.
 from __future__ import annotations
 
 from collections import deque
+from contextlib import nullcontext
 
 import torch
 from transformers import StaticCache
 
 from .._checks import require_int, require_tensor
-from .next_token import EosStop, TokenPicker
+from .next_token import EosStop, TokenPicker, generation_settings
 from .transformers import ATTENTION_NAME, KVBitsCache
 
 STATIC_ATTENTION = "sdpa"  # the attention a StaticCache is replayed with: it reads a boolean 4D mask
 
 
 def generate_graphed(model, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None, *,
-                     cache: KVBitsCache | StaticCache, max_new_tokens: int, do_sample: bool = False,
+                     cache: KVBitsCache | StaticCache, max_new_tokens: int, do_sample: bool | None = None,
                      temperature: float | None = None, top_k: int | None = None, top_p: float | None = None,
                      eos_token_id: int | list[int] | None = None, pad_token_id: int | None = None,
                      return_logits: bool = False, streamer=None):
     """Greedy decoding (or sampling) of ``max_new_tokens`` tokens after ``input_ids`` [B, S] (int64; left-padded
     rows with ``attention_mask`` [B, S], 1 for a real token, every row's last column real) with
     ``model`` on ``cache``: a fresh KVBitsCache (model loaded with ``attn_implementation="kvbits"``)
-    or StaticCache (``"sdpa"``) for S + max_new_tokens positions. ``do_sample`` draws each token
-    as ``generate`` does with the same ``temperature``, ``top_k`` and ``top_p`` (None: not applied;
-    the model's generation_config is not read) from torch's default generator, so that
+    or StaticCache (``"sdpa"``) for S + max_new_tokens positions. Each of ``do_sample``,
+    ``temperature``, ``top_k``, ``top_p``, ``eos_token_id`` and ``pad_token_id`` left None is taken
+    as ``generate`` takes it: from ``model.generation_config``, else transformers' default (top_k
+    50); settings asking for another generation mode (beams, contrastive search, ...) or a logits
+    processor not applied here (repetition penalty, min_p, ...) are refused with a ValueError. ``do_sample`` draws each token as ``generate`` does with the
+    same ``temperature``, ``top_k`` and ``top_p``, from torch's default generator, so that
     ``torch.manual_seed`` before either call gives the same draws. ``eos_token_id`` (one id or a
     list): a row that emits one is finished, its later tokens ``pad_token_id`` (default: the first
     eos id), and decoding stops once every row is, as ``generate`` does. Returns the sequences
@@ -68,12 +73,16 @@ def generate_graphed(model, input_ids: torch.Tensor, attention_mask: torch.Tenso
     device does not wait on the streamer."""
     target = _target(model, cache)
     _check(target, input_ids, attention_mask, max_new_tokens)
-    pick = TokenPicker(do_sample, temperature, top_k, top_p)
-    stop = EosStop.make(eos_token_id, pad_token_id, input_ids)
+    settings = generation_settings(model, do_sample=do_sample, temperature=temperature, top_k=top_k, top_p=top_p,
+                                   eos_token_id=eos_token_id, pad_token_id=pad_token_id)
+    pick = TokenPicker.resolved(settings, input_ids.device)
+    stop = EosStop.make(settings["eos_token_id"], settings["pad_token_id"], input_ids)
     puts = _Puts(streamer)
     puts.now(input_ids)
     batch, prompt = input_ids.shape
-    with torch.no_grad():
+    # the side stream, the graph and the streamer's events belong to the current CUDA device
+    on_device = torch.cuda.device(input_ids.device) if input_ids.device.type == "cuda" else nullcontext()
+    with torch.no_grad(), on_device:
         out = model(input_ids=input_ids, attention_mask=attention_mask,
                     position_ids=_prompt_positions(attention_mask, batch, prompt, input_ids.device),
                     past_key_values=cache, use_cache=True, logits_to_keep=1)
@@ -86,6 +95,7 @@ def generate_graphed(model, input_ids: torch.Tensor, attention_mask: torch.Tenso
             _decode(model, target, tokens, kept, attention_mask, prompt, max_new_tokens - 1, logits, pick, puts,
                     stop)
     target.check_errors()
+    pick.check_errors()
     puts.end()
     sequences = torch.cat([input_ids, *tokens], dim=1)
     return (sequences, torch.stack(kept, dim=1)) if return_logits else sequences

@@ -22,7 +22,7 @@ Padding: only each row's real tokens (those its attention mask keeps) are stored
 never attended; every token after the prompt is a real one (``generate`` extends the mask with
 ones; a step whose new token is masked is refused).
 
-Greedy decoding with every step replayed from one captured CUDA graph: ``generate_graphed`` in
+Greedy or sampled decoding with every step replayed from one captured CUDA graph: ``generate_graphed`` in
 :mod:`kvbits.integrations.graph_generate`.
 
 Not served (clear ``ValueError``/``TypeError``): encoder-decoder models, layers other than full
