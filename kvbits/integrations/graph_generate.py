@@ -59,8 +59,9 @@ def generate_graphed(model, input_ids: torch.Tensor, attention_mask: torch.Tenso
     ``temperature``, ``top_k``, ``top_p``, ``eos_token_id`` and ``pad_token_id`` left None is taken
     as ``generate`` takes it: from ``model.generation_config``, else transformers' default (top_k
     50); settings asking for another generation mode (beams, contrastive search, ...) or a logits
-    processor not applied here (repetition penalty, min_p, ...) are refused with a ValueError. ``do_sample`` draws each token as ``generate`` does with the
-    same ``temperature``, ``top_k`` and ``top_p``, from torch's default generator, so that
+    processor not applied here (repetition penalty, min_p, ...) are refused with a ValueError.
+    ``do_sample`` draws each token as ``generate`` does with the same ``temperature``, ``top_k``
+    and ``top_p``, from torch's default generator, so that
     ``torch.manual_seed`` before either call gives the same draws. ``eos_token_id`` (one id or a
     list): a row that emits one is finished, its later tokens ``pad_token_id`` (default: the first
     eos id), and decoding stops once every row is, as ``generate`` does. Returns the sequences

@@ -44,7 +44,7 @@ def generation_settings(model, **given) -> dict:
     for name, default in GenerationConfig._get_default_generation_params().items():
         if getattr(config, name, None) is None:
             setattr(config, name, default)
-    mode = str(getattr(config.get_generation_mode(), "value", config.get_generation_mode()))
+    mode = config.get_generation_mode().value
     if mode not in MODES:
         raise ValueError(f"the generation settings ask for {mode} (model.generation_config with the arguments given): "
                          f"generate_graphed decodes greedily or samples one sequence per prompt")
@@ -84,9 +84,7 @@ class TokenPicker:
             raise ValueError(f"top_k must be non-negative (0: no top-k); got {top_k}")
         if top_k:
             self.warpers.append(TopKLogitsWarper(top_k=top_k))
-        if isinstance(top_p, bool) or not isinstance(top_p, (int, float)):
-            raise TypeError(f"top_p must be a float; got {type(top_p).__name__}")
-        if not 0.0 <= top_p <= 1.0:
+        if not 0.0 <= _number("top_p", top_p) <= 1.0:
             raise ValueError(f"top_p must be in [0, 1] (1: no top-p); got {top_p}")
         if top_p < 1.0:
             self.warpers.append(TopPLogitsWarper(top_p=float(top_p)))
@@ -113,10 +111,14 @@ class TokenPicker:
                                "torch.multinomial refuses: the drawn tokens are not a sample")
 
 
-def _positive(name: str, value) -> float:
+def _number(name: str, value) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise TypeError(f"{name} must be a float; got {type(value).__name__}")
-    if not value > 0:
+    return float(value)
+
+
+def _positive(name: str, value) -> float:
+    if not _number(name, value) > 0:
         raise ValueError(f"{name} must be positive; got {value}")
     return float(value)
 
