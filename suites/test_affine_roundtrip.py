@@ -29,6 +29,7 @@ from hypothesis import strategies as st
 import kvbits
 from kvbits.affine import (
     SCALE_FLOOR,
+    ZERO_SPAN,
     QuantizeTile,
     _launch_quantize,
     affine_params,
@@ -69,7 +70,9 @@ def test_requant_of_dequant_is_identity(record, bits, sdt, kind, per_channel):
     scale, zero, inv = _tile_params(kind, bits, sdt, per_channel)
     assert bool(torch.isfinite(scale).all()) and bool((scale > 0).all())
     assert torch.equal(scale.to(sdt).float(), scale), "scales must be exact in the scale dtype"
-    assert torch.equal(zero.round(), zero) and bool((zero >= 0).all()) and bool((zero <= 2**bits - 1).all())
+    # an integer within ZERO_SPAN, exact in the scale dtype (a plain min-max range may put it outside the codes)
+    assert torch.equal(zero.round(), zero) and bool((zero.abs() <= ZERO_SPAN[bits]).all())
+    assert torch.equal(zero.to(sdt).float(), zero)
     q = torch.arange(2**bits, dtype=torch.float32)[:, None].expand(-1, scale.numel())
     x_hat = dequantize_codes(q, scale, zero)
     seed_formula = torch.clamp(torch.round(x_hat / scale + zero), 0, 2**bits - 1)
@@ -280,20 +283,25 @@ def test_partial_group_is_a_value_error_naming_x():
 @pytest.mark.parametrize("sdt", SCALE_DTYPES, ids=_sdt_id)
 @pytest.mark.parametrize("bits", BITS)
 def test_codes_never_need_the_lower_clamp(record, bits, sdt):
-    """For every finite group, rne(x * inv) + z >= 0 before any clamp and z is never clamped:
-    the Triton kernel clamps the upper end only (kvbits/affine.py). The groups span wide
-    fp16 ranges of both signs, where one fp32 rounding of -lo0 * inv instead of the exact
-    product moves z by one in about 1 group in 10,000 (and the group's minimum to code -1)."""
+    """For every finite group, rne(x * inv) + z >= 0 before any clamp, with z = rne(-lo * inv)
+    exactly and |z| <= ZERO_SPAN: the Triton kernel clamps the upper end only (kvbits/affine.py).
+    The groups span wide fp16 ranges of both signs, where one fp32 rounding of -lo * inv instead
+    of the exact product moves z by one in about 1 group in 10,000 (and the group's minimum to
+    code -1); narrow groups far from 0 are where |z| reaches its bound."""
     g = torch.Generator().manual_seed(17 * bits)
     n = 200_000
     lo = -(torch.rand(n, generator=g) * 100).half().float()
     hi = (torch.rand(n, generator=g) * 100).half().float()
     lo[: n // 4] = hi[: n // 4] * 0.25  # all-positive groups
     hi[n // 4 : n // 2] = lo[n // 4 : n // 2] * 0.25  # all-negative groups
+    hi[n // 2 : n // 2 + 1000] = (lo[n // 2 : n // 2 + 1000] * 0.99).half().float()  # narrow, far from 0
     hi[-16:] = lo[-16:]  # constant groups
     scale, zero, inv = affine_params(lo, hi, bits, sdt)
-    exact_zero = torch.round(-lo.clamp(max=0).double() * inv.double())
-    assert torch.equal(exact_zero.float(), zero), "z never reaches its clamp"
+    exact_zero = torch.round(-lo.double() * inv.double())
+    assert torch.equal(exact_zero.float(), zero), "z is the exact product's rounding, never clamped"
+    assert float(zero.abs().max()) == ZERO_SPAN[bits], "the narrow groups reach the zero point's bound"
+    assert bool((zero[: n // 4] <= 0).all()) and bool((zero[n // 4 : n // 2] >= 2**bits - 1).all()), \
+        "groups of one sign put z outside the codes"
     lowest = torch.round(lo.double() * inv.double()) + zero.double()  # the group minimum's code
     highest = torch.round(hi.double() * inv.double()) + zero.double()
     assert float(lowest.min()) >= 0.0

@@ -59,9 +59,10 @@ def test_kvbits_quality_holds_its_record(record, figures, bits):
     assert abs(got.kl - recorded["kl"]) <= kl_allowed, (
         f"{name}: mean KL {got.kl:.5f} against the recorded {recorded['kl']:.5f} (noise {kl_allowed:.5f}): "
         f"{'worse' if got.kl > recorded['kl'] else 'better; record the new figures'}")
-    assert abs(got.perplexity_change - recorded["perplexity_change"]) <= noise["perplexity_change"], (
+    ppl_allowed = _perplexity_noise(noise, recorded["perplexity_change"])
+    assert abs(got.perplexity_change - recorded["perplexity_change"]) <= ppl_allowed, (
         f"{name}: perplexity change {got.perplexity_change:+.4f} against the recorded "
-        f"{recorded['perplexity_change']:+.4f} (noise {noise['perplexity_change']})")
+        f"{recorded['perplexity_change']:+.4f} (noise {ppl_allowed:.4f})")
     assert got.bytes_per_token == recorded["bytes_per_token"]
 
 
@@ -82,7 +83,15 @@ def test_emulation_gives_the_real_cache_figures(record, figures, bits):
     record.add(real_kl=real.kl)
     # kvbits' own quantizer, but K/V computed in another order of float operations, which moves
     # values across a code's rounding edge now and then: at this size the figures move by up to
-    # a fifth (measured: KL 0.051 against 0.062 at 3 bits), the record's noise band
+    # a fifth (measured on an H100: KL 0.051 against 0.062 at 3 bits; perplexity change +24.3%
+    # against +20.6% at 2 bits), the record's noise band
     noise = baseline()["noise"]
     assert abs(emulated.kl - real.kl) <= noise["kl_relative"] * real.kl + noise["kl_absolute"]
-    assert abs(emulated.perplexity_change - real.perplexity_change) <= noise["perplexity_change"]
+    assert abs(emulated.perplexity_change - real.perplexity_change) <= _perplexity_noise(
+        noise, real.perplexity_change)
+
+
+def _perplexity_noise(noise: dict, change: float) -> float:
+    """How far a perplexity change may move by noise: the absolute band plus the KL's relative
+    one of the change itself (flipped codes move a large change further)."""
+    return noise["perplexity_change"] + noise["kl_relative"] * abs(change)

@@ -23,7 +23,8 @@ SUITE_PROTOCOL = Protocol(prompt=256, steps=128, segments=1)
 # how far a figure may move without a change of quality. Quantization is discontinuous: K/V
 # computed in another order of float operations (the GPU's fused kernels against the CPU's torch
 # path, the one-pass emulation against the steps) cross a code's rounding edge now and then, and
-# over 128 scored tokens the figures move by up to a fifth
+# over 128 scored tokens the figures move by up to a fifth (KL relative; a perplexity change
+# by the absolute band plus the same fraction of itself, suites/test_quality.py)
 NOISE = {"kl_relative": 0.25, "kl_absolute": 0.002, "perplexity_change": 0.03}
 
 
