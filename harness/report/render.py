@@ -17,6 +17,7 @@ from . import fmt
 from .charts import Trends, all_charts, trend_charts
 from .goals import goals_of
 from .load import BAD_OUTCOMES, Run
+from .quality import quality_charts, quality_protocols, quality_rows
 from .summary import Summary, checked_of, tolerance_ratio
 from .tradeoff import MEMORIES_GB, MODEL, memory_rows, method_rows, tradeoff_charts
 
@@ -263,8 +264,9 @@ def render_html(summary: Summary, *, title: str = "kv harness report", links: di
         s=summary,
         title=title,
         generated=utc_now(),
-        charts=({**all_charts(summary), "tradeoff": tradeoff_charts(summary)} if charts is None
-                else {"tradeoff": [], **charts}),
+        charts=({**all_charts(summary), "tradeoff": tradeoff_charts(summary), "quality": quality_charts(summary)}
+                if charts is None else {"tradeoff": [], "quality": [], **charts}),
+        quality=[(p, quality_rows(p)) for p in quality_protocols(summary)],
         memory=memory_rows(summary),
         methods=method_rows(summary),
         memory_model=MODEL,
