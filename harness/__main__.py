@@ -8,10 +8,6 @@ runs once more) and
 import sys
 
 if __name__ == "__main__":
-    if sys.argv[1:2] == ["ab"]:
-        from .run.ab import main as ab_main
-
-        sys.exit(ab_main(sys.argv[2:]))
     from .report.cli import main
 
     sys.exit(main())

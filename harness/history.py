@@ -157,8 +157,11 @@ def add_runs(run_dirs: Iterable[str | os.PathLike], path: Path | None = None) ->
 
 
 def runs(path: Path | None = None) -> list[dict]:
-    """Every run, oldest first, with its number of cases."""
+    """Every run, oldest first, with its number of cases; none where the database does not exist
+    (reading creates nothing)."""
     path = history_path() if path is None else Path(path)
+    if not path.exists():
+        return []
     with closing(_connect(path)) as db:
         try:
             rows = db.execute("SELECT r.run_id, r.leg, r.gpu, r.commit_sha, r.started, r.complete, COUNT(c.run_id) "
@@ -437,7 +440,8 @@ def export(fmt: str, out, path: Path | None = None) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m harness.history", description=__doc__.splitlines()[0])
+    description = " ".join(__doc__.split("\n\n")[0].split())  # the first paragraph, whole
+    parser = argparse.ArgumentParser(prog="python -m harness.history", description=description)
     parser.add_argument("--db", help="the database (default $KVH_HISTORY or ~/.cache/kvbits/history.sqlite)")
     sub = parser.add_subparsers(dest="command", required=True)
     sub.add_parser("add", help="append run directories").add_argument("runs", nargs="+")
@@ -459,7 +463,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             added = add_runs(args.runs, path)
             print(f"{len(added)} run(s) added to {path}")
         elif args.command == "list":
-            for run in runs(path):
+            listed = runs(path)
+            if not listed:
+                print(f"no runs in {path}")
+            for run in listed:
                 print(f"{run['started'] or '-':32} {run['run_id']:60} {run['gpu'] or '-':20} "
                       f"{(run['commit'] or '-')[:12]:12} {run['cases']:6d} cases{'' if run['complete'] else ' (incomplete)'}")
         elif args.command == "export":

@@ -153,6 +153,20 @@ def test_a_corrupt_file_is_said_clearly(tmp_path, capsys):
     assert "not a readable SQLite database" in capsys.readouterr().err
 
 
+def test_listing_a_missing_history_says_so_and_creates_nothing(tmp_path, capsys):
+    db = tmp_path / "not" / "yet" / "h.sqlite"
+    assert history.main(["--db", str(db), "list"]) == 0
+    assert capsys.readouterr().out == f"no runs in {db}\n"
+    assert not (tmp_path / "not").exists()
+    assert history.runs(db) == []
+
+
+def test_help_gives_the_whole_first_paragraph(capsys):
+    with pytest.raises(SystemExit):
+        history.main(["--help"])
+    assert "for rolling baselines and trends over many runs." in " ".join(capsys.readouterr().out.split())
+
+
 def test_command_line(tmp_path, capsys, monkeypatch):
     db = tmp_path / "cli.sqlite"
     monkeypatch.setenv("KVH_HISTORY", str(db))

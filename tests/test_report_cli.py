@@ -142,3 +142,13 @@ def test_the_report_reads_the_history_it_is_given_and_never_creates_one(tmp_path
     broken.write_bytes(b"garbage " * 300)
     assert main(["report", str(run_dir), "-o", str(out), "--history", str(broken)]) == 0
     assert "not a readable SQLite database" in out.read_text(encoding="utf-8")
+
+
+def test_help_names_every_subcommand_and_ab_takes_its_own_arguments(capsys):
+    with pytest.raises(SystemExit):
+        main(["--help"])
+    out = capsys.readouterr().out
+    assert all(name in out for name in ("report", "summarize", "suspects", "ab"))
+    with pytest.raises(SystemExit) as exited:
+        main(["ab", "--help"])  # handed to harness/run/ab.py, whose usage names BASE
+    assert exited.value.code == 0 and "python -m harness.run.ab [BASE]" in capsys.readouterr().out

@@ -71,6 +71,9 @@ def build_parser() -> argparse.ArgumentParser:
                                           "threshold and noise, and of cases whose error grew past its factor, one "
                                           "per line (what a confirmation re-run re-runs)")
     _common(sus)
+    # handed to harness/run/ab.py by main() before this parser sees it: listed so that --help names it
+    sub.add_parser("ab", add_help=False, help="a same-job A/B of this tree against BASE, both timed in turns on one "
+                                              "GPU (python -m harness ab --help; harness/run/ab.py)")
     return parser
 
 
@@ -110,6 +113,11 @@ def _suspects(comparison) -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if argv[:1] == ["ab"]:  # its own parser: BASE and pytest arguments pass through untouched
+        from ..run.ab import main as ab_main
+
+        return ab_main(argv[1:])
     parser = build_parser()
     args = parser.parse_args(argv)
     results = load_results(args.results)
