@@ -26,7 +26,7 @@ import math
 
 import torch
 
-from kvbits.affine import quantize_dequantize
+from kvbits.affine import _round_up_to, quantize_dequantize
 
 ATTENTION = "kvbits-emulated"
 ZEROS = ("kvbits", "holds-zero", "integer", "float")
@@ -94,7 +94,7 @@ def fake_quantize(x: torch.Tensor, bits: int, group_size: int, per_channel: bool
     qmax = 2**bits - 1
     if zero == "holds-zero":
         lo, hi = lo.clamp(max=0.0), hi.clamp(min=0.0)
-    s = _round_up_to_half((hi - lo) / qmax)
+    s = _round_up_to((hi - lo) / qmax, torch.float16)
     s = torch.where(s > 0, s, torch.ones_like(s))
     if zero == "float":
         low = lo.half().float()
@@ -105,13 +105,6 @@ def fake_quantize(x: torch.Tensor, bits: int, group_size: int, per_channel: bool
     out = x.clone()
     out[:, :, :full] = x_hat.reshape(b, h, full, d)
     return out
-
-
-def _round_up_to_half(s: torch.Tensor) -> torch.Tensor:
-    """fp32 s -> the smallest float16 value >= s, as fp32 (the cache rounds its scales up)."""
-    low = s.half()
-    up = torch.nextafter(low, torch.full_like(low, float("inf")))
-    return torch.where(low.float() < s, up.float(), low.float())
 
 
 def hadamard(n: int, device=None) -> torch.Tensor:

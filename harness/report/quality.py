@@ -22,9 +22,8 @@ from matplotlib.figure import Figure  # noqa: E402
 from .charts import RC, Chart, figure_uri  # noqa: E402
 from .fmt import clean_text, fmt_sig, to_float  # noqa: E402
 from .summary import Summary  # noqa: E402
+from .tradeoff import KVBITS, PEER, finish_log_log, label_point, lower_front  # noqa: E402
 
-KVBITS = "#cf222e"
-PEER = "#1f6feb"
 REFERENCE = "full"  # the cache every KL is measured against: no point on a log scale
 
 
@@ -72,12 +71,8 @@ def quality_protocols(summary: Summary) -> list[Protocol]:
 
 def quality_front(entries: list[Entry]) -> list[Entry]:
     """The real caches that no other beats in both bytes per token and KL, smallest first."""
-    front: list[Entry] = []
     sized = [e for e in entries if e.bytes_per_token is not None and e.name != REFERENCE]
-    for entry in sorted(sized, key=lambda e: (e.bytes_per_token, e.kl)):
-        if not front or entry.kl < front[-1].kl:
-            front.append(entry)
-    return front
+    return lower_front(sized, lambda e: e.bytes_per_token, lambda e: e.kl)
 
 
 def quality_chart(protocol: Protocol) -> Chart | None:
@@ -97,15 +92,8 @@ def quality_chart(protocol: Protocol) -> Chart | None:
             color = KVBITS if entry.name.startswith("kvbits") else PEER
             y = max(entry.kl, floor)
             ax.plot([entry.bytes_per_token], [y], marker="o", markersize=4, color=color, linestyle="none")
-            ax.annotate(clean_text(entry.name), (entry.bytes_per_token, y), xytext=(3, 3),
-                        textcoords="offset points", fontsize=6.5, color=color)
-        ax.set_xscale("log")
-        ax.set_yscale("log")
-        ax.set_xlabel("bytes per token, all layers")
-        ax.set_ylabel("mean KL from the fp32 cache, nats")
-        ax.grid(which="both")
-        ax.set_axisbelow(True)
-        ax.legend(loc="upper right", frameon=False, fontsize=6.5)
+            label_point(ax, entry.bytes_per_token, y, entry.name, color)
+        finish_log_log(ax, "bytes per token, all layers", "mean KL from the fp32 cache, nats")
     caption = (f"{len(points)} caches; on the Pareto front (nothing both smaller and closer to fp32): "
                f"{', '.join(e.name for e in front)}. {protocol.protocol}.")
     return Chart("quality", "", clean_text(protocol.case), clean_text(caption), figure_uri(fig),

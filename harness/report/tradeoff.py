@@ -72,14 +72,36 @@ def tradeoff_points(summary: Summary) -> dict[str, list[Point]]:
     return {group: list(points.values()) for group, points in sorted(groups.items())}
 
 
+def lower_front(items: list, x, y) -> list:
+    """The items no other beats in both ``x(item)`` and ``y(item)``, smaller being better (ties in
+    x: the smaller y), smallest x first."""
+    front: list = []
+    for item in sorted(items, key=lambda i: (x(i), y(i))):
+        if not front or y(item) < y(front[-1]):
+            front.append(item)
+    return front
+
+
 def pareto_front(points: list[Point]) -> list[Point]:
     """The points no other point beats in both time and error (ties in time: the smaller error),
     fastest first."""
-    front: list[Point] = []
-    for point in sorted(points, key=lambda p: (p.ms, p.error)):
-        if not front or point.error < front[-1].error:
-            front.append(point)
-    return front
+    return lower_front(points, lambda p: p.ms, lambda p: p.error)
+
+
+def label_point(ax, x: float, y: float, name: str, color: str) -> None:
+    """A method's name beside its point."""
+    ax.annotate(clean_text(name), (x, y), xytext=(3, 3), textcoords="offset points", fontsize=6.5, color=color)
+
+
+def finish_log_log(ax, xlabel: str, ylabel: str) -> None:
+    """Both axes logarithmic and labelled, the grid behind the points, the legend top right."""
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    ax.grid(which="both")
+    ax.set_axisbelow(True)
+    ax.legend(loc="upper right", frameon=False, fontsize=6.5)
 
 
 def _is_kvbits(point: Point) -> bool:
@@ -105,15 +127,8 @@ def tradeoff_chart(group: str, points: list[Point]) -> Chart:
                 ax.plot([point.ms, point.graph_ms], [max(point.error, 1e-12)] * 2, color=color, linewidth=0.6,
                         linestyle=":", marker="o", markersize=4, markerfacecolor="none", markevery=[1],
                         label=label)
-            ax.annotate(clean_text(point.method), (point.ms, max(point.error, 1e-12)), xytext=(3, 3),
-                        textcoords="offset points", fontsize=6.5, color=color)
-        ax.set_xscale("log")
-        ax.set_yscale("log")
-        ax.set_xlabel("decode step, ms (median)")
-        ax.set_ylabel("attention-output error (relative RMS)")
-        ax.grid(which="both")
-        ax.set_axisbelow(True)
-        ax.legend(loc="upper right", frameon=False, fontsize=6.5)
+            label_point(ax, point.ms, max(point.error, 1e-12), point.method, color)
+        finish_log_log(ax, "decode step, ms (median)", "attention-output error (relative RMS)")
     on_front = ", ".join(p.method for p in front)
     graphs = (f" Hollow, joined to its eager point: the step replayed from a CUDA graph "
               f"({', '.join(p.method for p in graphed)}; the others cannot be captured as they run)." if graphed else "")
