@@ -70,7 +70,7 @@ class KvbitsMethod:
 
 class KvbitsPeer(KvbitsMethod, Peer):
     """kvbits' decode loop as a peer: :class:`kvbits.PagedKVCache` with ``bits`` bits per stored
-    K/V element (affine, groups of ``group_size``; the last partial group in an fp residual window),
+    K/V element (affine, groups of ``group_size``; the cache's default fp sinks and window),
     pages of decode_loop_support.PAGE tokens. :meth:`load` adds each sequence's prompt [Hkv, S, D]
     and reserves pages and the decode plan up to ``capacity``, so that a captured append + attend
     can be replayed up to it; append and attend are the cache's (the fused Triton decode on a GPU,

@@ -30,7 +30,8 @@ pytestmark = [pytest.mark.bench, pytest.mark.sweep]  # minutes on a GPU: the ben
 
 GPU = torch.cuda.is_available()
 STEPS = 512 if GPU else 16
-CACHES = [CacheSpec("fp16"), *(CacheSpec("kvbits", b) for b in (4, 3, 2)), CacheSpec("quanto", 4),
+CACHES = [CacheSpec("fp16"), *(CacheSpec("kvbits", b) for b in (4, 3, 2)),
+          *(CacheSpec("kvbits", b, sinks=0, window=0) for b in (4, 3, 2)), CacheSpec("quanto", 4),
           CacheSpec("quanto", 2), *(CacheSpec("hqq", b) for b in (4, 3, 2))]
 # the scheme options, each alone and combined, at each width (kvbits' own scheme first; "holds-zero"
 # is its range before it became the group's own)

@@ -58,6 +58,17 @@ def _new_cache(size: Size, device, *, num_pages: int, max_seqs: int = 4, bits: i
                         dtype=dtype, device=device, **kw)
 
 
+FP_TOKENS = ("fp", "none")  # the cache's fp sinks and window, or none beyond the partial group
+
+
+def _fp_tokens(size: Size, device, which: str) -> dict:
+    """PagedKVCache's sinks and window for ``which`` of FP_TOKENS: the defaults on a GPU; a group
+    each in the interpreter, whose short sequences then still attend codes between them."""
+    if which == "none":
+        return {"sinks": 0, "window": 0}
+    return gpu_or_small({"sinks": size.group, "window": size.group}, {}, device)
+
+
 def _kv(gen: torch.Generator, shape, dtype, device):
     """Fresh K, V of ``shape`` (last dim D): normal, K with a few outlier channels (x6)."""
     k = torch.randn(*shape, generator=gen)
@@ -164,6 +175,15 @@ def _check_export(cache: PagedKVCache, book: _Book) -> dict:
             "k_residual": (got.k_residual[row, :, : length - full], ref.k_residual[0, :, : length - full]),
             "v_residual": (got.v_residual[row, :, : length - full], ref.v_residual[0, :, : length - full]),
         }
+        # the fp tokens the decode reads besides the codes: the sinks and the ring's window, as given
+        sinks = min(cache.sinks, length)
+        window = torch.arange(min(max(cache.sinks, full - cache.window), full), full, device=k.device)
+        ring = cache.k_residual.shape[2]
+        for name, fp, x in (("k", cache.k_sink, k), ("v", cache.v_sink, v)):
+            if sinks:
+                pairs[f"{name}_sink"] = (fp[row, :, :sinks], x[0, :, :sinks])
+        pairs["k_window"] = (cache.k_residual[row, :, window % ring], k[0, :, window])
+        pairs["v_window"] = (cache.v_residual[row, :, window % ring], v[0, :, window])
         for name, (a, b) in pairs.items():
             assert a.shape == b.shape, (name, a.shape, b.shape)
             diff = int((_as_bits(a) != _as_bits(b)).sum())
@@ -237,14 +257,17 @@ def _grow(book: _Book, rnd: random.Random, gen: torch.Generator, size: Size, mod
 @pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("mode", ["tokens", "chunks"])
 @pytest.mark.parametrize(("bits", "dtype"), GROWTH)
-def test_growth_equals_one_shot(record, seed, device, backend, mode, bits, dtype):
+@pytest.mark.parametrize("fp", FP_TOKENS)
+def test_growth_equals_one_shot(record, seed, device, backend, mode, bits, dtype, fp):
     """A ragged batch of three prompts grown token by token or in random chunks (ragged ones too,
     whose tokens past chunk_lens are NaN) exports, per sequence, exactly the codes, scales,
-    zeros and residual tokens of one-shot quantization of all its tokens."""
-    record.backend, record.device, record.variant = backend, device, f"b{bits}-{str(dtype)[6:]}-{mode}"
+    zeros and residual tokens of one-shot quantization of all its tokens, and holds the sinks and
+    the window's tokens as given."""
+    record.backend, record.device, record.variant = backend, device, f"b{bits}-{str(dtype)[6:]}-{mode}-{fp}"
     size = _size(device)
     rnd, gen = random.Random(seed), torch.Generator().manual_seed(seed)
-    cache = _new_cache(size, device, num_pages=gpu_or_small(16, 64, device), bits=bits, dtype=dtype)
+    cache = _new_cache(size, device, num_pages=gpu_or_small(16, 64, device), bits=bits, dtype=dtype,
+                       **_fp_tokens(size, device, fp))
     book = _Book(cache)
     lens = _prompt_lens(rnd, size, device)
     for n in lens:
@@ -277,16 +300,17 @@ def _pool_diffs(a: PagedKVCache, b: PagedKVCache) -> dict:
 
 @pytest.mark.parametrize("device", device_params())
 @pytest.mark.parametrize(("bits", "dtype"), GROWTH)
-def test_torch_and_triton_write_the_same_pool(record, seed, device, bits, dtype):
+@pytest.mark.parametrize("fp", FP_TOKENS)
+def test_torch_and_triton_write_the_same_pool(record, seed, device, bits, dtype, fp):
     """The same operations (prompts, an empty sequence, tokens, chunks, ragged chunks, a free and
     an add into the freed row) through append_torch and through the kernel leave every tensor
     of the two caches (pool, residual windows, block table, lengths, errors) bit-identical."""
-    record.backend, record.device, record.variant = "torch-vs-triton", device, f"b{bits}-{str(dtype)[6:]}"
+    record.backend, record.device, record.variant = "torch-vs-triton", device, f"b{bits}-{str(dtype)[6:]}-{fp}"
     size = _size(device)
     g, p, h, d = size.group, size.page, size.heads, size.head_dim
     rnd, gen = random.Random(seed), torch.Generator().manual_seed(seed)
-    caches = {b: _new_cache(size, device, num_pages=gpu_or_small(12, 64, device), bits=bits, dtype=dtype)
-              for b in BACKENDS}
+    caches = {b: _new_cache(size, device, num_pages=gpu_or_small(12, 64, device), bits=bits, dtype=dtype,
+                            **_fp_tokens(size, device, fp)) for b in BACKENDS}
     far = gpu_or_small((g + 1, 2 * g - 1), (3 * p, 5 * p), device)
     script = [("add", rnd.randint(*far)), ("add", 0), ("add", rnd.randint(1, g - 1)), ("token", 1),
               ("ragged", rnd.randint(g // 2, g + g // 2)), ("free", 0), ("add", rnd.randint(p - 3, p + 3)),
@@ -327,13 +351,13 @@ def test_torch_and_triton_write_the_same_pool(record, seed, device, bits, dtype)
 # ----------------------------------------------------------------------------- 3. attend
 def _attend_checked(cache: PagedKVCache, q: torch.Tensor, *, via_view: bool = True) -> dict:
     """attend into a NaN-poisoned buffer; every element written; within tolerance of the float64
-    reference on the export, of decode_attention on the view (``via_view``: each Triton decode
+    reference on the cache as the decode reads it (codes, sinks and ring), of decode_attention on the view (``via_view``: each Triton decode
     takes about a second in the interpreter) and of the torch backend."""
     out = poisoned_like(q)
     result = cache.attend(q, out=out, backend="triton")
     assert result is out, "attend(out=...) must return out"
     assert bool(torch.isfinite(out).all()), "output has unwritten (NaN) or non-finite elements"
-    ref = reference_decode(q, cache.to_contiguous())
+    ref = reference_decode(q, cache.view())
     figures = errors(out, ref)
     via_torch = cache.attend(q, backend="torch")
     figures["torch_abs_err"] = float((via_torch.double() - ref).abs().max())
@@ -367,14 +391,16 @@ def _attend_params() -> list:
 
 
 @pytest.mark.parametrize(("device", "dtype", "ratio"), _attend_params())
-def test_attend_matches_the_reference(record, seed, device, dtype, ratio):
+@pytest.mark.parametrize("fp", FP_TOKENS)
+def test_attend_matches_the_reference(record, seed, device, dtype, ratio, fp):
     """Decode steps over a ragged batch as it grows: within the plan's headroom (the plan kept)
-    and past it (re-planned); GQA with Hq = 2 Hkv."""
-    record.backend, record.device, record.variant = "triton", device, f"{str(dtype)[6:]}-hq{ratio}x"
+    and past it (re-planned); GQA with Hq = 2 Hkv; with fp sinks and window and without."""
+    record.backend, record.device, record.variant = "triton", device, f"{str(dtype)[6:]}-hq{ratio}x-{fp}"
     size = _size(device)
     rnd, gen = random.Random(seed), torch.Generator().manual_seed(seed)
     backend = "triton" if device == "cuda" else "torch"  # the appends (the attend is the subject)
-    cache = _new_cache(size, device, num_pages=gpu_or_small(16, 64, device), dtype=dtype)
+    cache = _new_cache(size, device, num_pages=gpu_or_small(16, 64, device), dtype=dtype,
+                       **_fp_tokens(size, device, fp))
     book = _Book(cache)
     for n in _prompt_lens(rnd, size, device):
         book.add(*_kv(gen, (size.heads, n, size.head_dim), dtype, device), backend=backend)
@@ -513,7 +539,7 @@ def test_cuda_graph_step_replays(record, seed, device, history):
         if i in (1, replays // 2, replays):  # the output of this replay against the reference
             torch.cuda.synchronize()
             assert cache.seq_lens[:n].tolist() == [x + i for x in before]
-            ref = reference_decode(qs[i], cache.to_contiguous())
+            ref = reference_decode(qs[i], cache.view())
             assert bool(torch.isfinite(static_out).all())
             err = float((static_out.double() - ref).abs().max())
             worst, checked = max(worst, err), checked + static_out.numel()
@@ -661,7 +687,7 @@ def test_the_default_scale_after_an_explicit_one(record, seed, device):
     q = _q(gen, 1, h, d, cache.dtype, device)
     cache.attend(q, sm_scale=0.5, backend="triton")
     out = cache.attend(q, backend="triton")
-    err = float((out.double() - reference_decode(q, cache.to_contiguous())).abs().max())
+    err = float((out.double() - reference_decode(q, cache.view())).abs().max())
     record.add(states_checked=out.numel(), max_abs_err=err)
     assert err <= tolerance(q.dtype)
 
@@ -689,7 +715,7 @@ def test_a_plan_covers_every_token_the_reserved_pages_hold(record, seed, device)
     assert cache._plan is plan
     cache.check_errors()
     assert cache.sync_lengths() == [p + 3]
-    err = float((out.double() - reference_decode(q, cache.to_contiguous())).abs().max())
+    err = float((out.double() - reference_decode(q, cache.view())).abs().max())
     record.add(states_checked=out.numel(), max_abs_err=err)
     assert err <= tolerance(q.dtype)
 
@@ -916,6 +942,11 @@ BAD = {
     "ctor-head-dim-96": (None, lambda x: _construct(head_dim=96), ValueError, "head_dim"),
     "ctor-tile-over-group": (None, lambda x: _construct(tile=64), ValueError,
                              "tile (64) must not exceed the group size (32)"),
+    "ctor-sinks-not-whole-groups": (None, lambda x: _construct(sinks=48), ValueError,
+                                    "sinks must be a non-negative multiple of group_size=32; got 48"),
+    "ctor-window-negative": (None, lambda x: _construct(window=-32), ValueError,
+                             "window must be a non-negative multiple of group_size=32"),
+    "ctor-window-float": (None, lambda x: _construct(window=64.0), TypeError, "window must be an int"),
 }
 
 
@@ -1068,6 +1099,8 @@ def test_nbytes_is_the_whole_cache(record, seed, device):
     pool = sum(t.numel() * t.element_size() for t in (cache.k_words, cache.v_words, cache.k_scale,
                                                        cache.k_zero, cache.v_scale, cache.v_zero))
     assert cache.bytes_per_token() == pytest.approx(pool / (cache.num_pages * cache.page_size), rel=1e-12)
+    fp = sum(t.numel() * t.element_size() for t in (cache.k_residual, cache.v_residual, cache.k_sink, cache.v_sink))
+    assert cache.sequence_bytes() * cache.max_seqs == fp  # the fp sinks and ring of every row
     if cuda:
         rounded = sum(_round512(t.numel() * t.element_size()) for t in held)
         assert grown == rounded, f"creating the cache allocated {grown} bytes; its tensors take {rounded}"

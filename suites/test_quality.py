@@ -10,9 +10,10 @@ better past it fails too, until the new figures are recorded, so the record stay
 main). On CPU the cache runs its torch path, on a GPU the fused Triton kernels: one record
 serves both, which is the check that the GPU's figures equal the CPU's.
 
-Also: the fp16 cache (K/V rounded as the residual window holds them) is indistinguishable from
-fp32 at this size, and a quantized cache is not (the protocol reads the cache); the one-pass
-emulation (:mod:`harness.quality.emulate`) of kvbits' own scheme gives the real cache's figures.
+Also: the fp16 cache (K/V rounded as the fp sinks and window hold them) is indistinguishable from
+fp32 at this size, and a quantized cache is not (the protocol reads the cache); the fp tokens
+buy quality; the one-pass emulation (:mod:`harness.quality.emulate`) of kvbits' own scheme gives
+the real cache's figures.
 """
 
 from __future__ import annotations
@@ -27,6 +28,8 @@ from harness.quality.emulate import Scheme
 from harness.quality.protocol import Protocol, measure
 
 BITS = (2, 3, 4)
+PLAIN = CacheSpec("kvbits", 3, sinks=0, window=0)  # no fp tokens beyond the partial group
+SINKS, WINDOW = 64, 128  # KVBitsCache's defaults for group 64 (kvbits.decode.cache)
 
 
 @functools.cache
@@ -38,7 +41,7 @@ def _protocol() -> Protocol:
 def _figures():
     """Every cache's figures and the emulated schemes', measured once per process."""
     model, tokens = model_and_tokens()
-    specs = [CacheSpec("fp16"), *(CacheSpec("kvbits", b) for b in BITS), *(Scheme(b) for b in BITS)]
+    specs = [CacheSpec("fp16"), *(CacheSpec("kvbits", b) for b in BITS), PLAIN, *(_scheme(b) for b in BITS)]
     return measure(model, tokens, _protocol(), specs)
 
 
@@ -48,9 +51,13 @@ def figures():
     return _figures()
 
 
-@pytest.mark.parametrize("bits", BITS)
-def test_kvbits_quality_holds_its_record(record, figures, bits):
-    name = CacheSpec("kvbits", bits).name
+def _scheme(bits: int) -> Scheme:
+    """The emulation of kvbits' default scheme at ``bits``."""
+    return Scheme(bits, sinks=SINKS, window=WINDOW)
+
+
+@pytest.mark.parametrize("name", [CacheSpec("kvbits", b).name for b in BITS] + [PLAIN.name])
+def test_kvbits_quality_holds_its_record(record, figures, name):
     got = figures[name]
     record_figures(record, name, got, _protocol())
     recorded, noise = baseline()["figures"][name], baseline()["noise"]
@@ -72,14 +79,21 @@ def test_protocol_reads_the_cache(record, figures):
     record_figures(record, "fp16", fp16, _protocol())
     assert fp16.kl < 1e-4 and fp16.top1 > 0.98
     kls = [figures[CacheSpec("kvbits", b).name].kl for b in BITS]
-    assert all(kl > 20 * fp16.kl + 1e-3 for kl in kls)
+    assert all(kl > 20 * fp16.kl + 1e-4 for kl in kls)
     assert kls[0] > kls[1] > kls[2]
+
+
+def test_fp_tokens_buy_quality(record, figures):
+    """The fp sinks and window (the default) lower 3-bit KL below half of the cache without them."""
+    plain, default = figures[PLAIN.name], figures[CacheSpec("kvbits", 3).name]
+    record.add(kl_without=plain.kl, kl_with=default.kl)
+    assert default.kl < 0.5 * plain.kl
 
 
 @pytest.mark.parametrize("bits", BITS)
 def test_emulation_gives_the_real_cache_figures(record, figures, bits):
-    real, emulated = figures[CacheSpec("kvbits", bits).name], figures[Scheme(bits).label()]
-    record_figures(record, f"emulated {Scheme(bits).label()}", emulated, _protocol())
+    real, emulated = figures[CacheSpec("kvbits", bits).name], figures[_scheme(bits).label()]
+    record_figures(record, f"emulated {_scheme(bits).label()}", emulated, _protocol())
     record.add(real_kl=real.kl)
     # kvbits' own quantizer, but K/V computed in another order of float operations, which moves
     # values across a code's rounding edge now and then: at this size the figures move by up to

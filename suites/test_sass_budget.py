@@ -18,8 +18,11 @@ from kvbits._runtime import triton_interpreted
 
 ROOT = Path(__file__).resolve().parents[1]
 CASES = {  # specialization -> what its figures stand for
-    "decode_split_fp16_d128_b3_g64_gqa1_t64w1": "decode, 3 bits, D=128, MHA (the default)",
-    "decode_split_fp16_d128_b3_g64_gqa8_t64w1": "decode, 3 bits, D=128, GQA 8",
+    "decode_split_fp16_d128_b3_g64_gqa1_t64w1_s64r192": "decode, 3 bits, D=128, MHA (the default: 64 fp sinks, "
+                                                        "a 128-token fp window)",
+    "decode_split_fp16_d128_b3_g64_gqa8_t64w1_s64r192": "decode, 3 bits, D=128, GQA 8 (the default)",
+    "decode_split_fp16_d128_b3_g64_gqa1_t64w1": "decode, 3 bits, D=128, MHA, no fp sinks or window",
+    "decode_split_fp16_d128_b3_g64_gqa8_t64w1": "decode, 3 bits, D=128, GQA 8, no fp sinks or window",
     "quantize_k_float16_b3_g64_float16": "affine quantize of K, 3 bits, G=64",
     "quantize_v_float16_b3_g64_float16": "affine quantize of V, 3 bits, G=64",
 }

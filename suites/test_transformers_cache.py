@@ -188,6 +188,9 @@ def _check_within(err: torch.Tensor, bounds: dict) -> None:
 
 
 def _kvbits_cache(model, size: Size, bits: int = 3, **kw) -> KVBitsCache:
+    """A cache for ``size``: fp sinks and window of one group each unless given (the defaults
+    would hold a short sequence in fp whole, and its decode would attend no code)."""
+    kw = {"sinks": size.group, "window": size.group, **kw}
     return KVBitsCache(model.config, max_cache_len=size.prompt + size.new, bits=bits, group_size=size.group, **kw)
 
 
@@ -782,6 +785,10 @@ BAD = {
     "max_cache_len_zero": (lambda: KVBitsCache(_tiny(), max_cache_len=0), ValueError, "max_cache_len must be positive"),
     "page_not_multiple": (lambda: KVBitsCache(_tiny(), max_cache_len=64, group_size=32, page_size=48), ValueError,
                           "page_size must be a positive multiple"),
+    "sinks_not_whole_groups": (lambda: KVBitsCache(_tiny(), max_cache_len=64, group_size=32, sinks=16), ValueError,
+                               "sinks must be a non-negative multiple of group_size=32"),
+    "window_negative": (lambda: KVBitsCache(_tiny(), max_cache_len=64, window=-64), ValueError,
+                        "window must be a non-negative multiple"),
     "beam_search": (_generate_with(ATTENTION_NAME, _kv, num_beams=2, do_sample=False), ValueError, "beam search"),
     "multi_token_step": (_two_token_step, ValueError, "a step of 2 tokens after the prompt"),
     "past_max_cache_len": (_past_max_len, ValueError, "exceed max_cache_len=12"),

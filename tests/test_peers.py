@@ -443,14 +443,14 @@ def test_kvbits_peer_attends_what_it_stores(name):
     quantization step of the tensor's range (it stores what it was given). 126 + 4 tokens: the
     second group of 64 completes on the second append."""
     from kvbits.decode import reference_decode
-    from kvbits.kv_cache import dequantize_kv
+    from kvbits.decode.reference import held_kv
 
     peer = METHODS[name](B, HQ, HKV, D, 256)
     assert peer.missing() is None and peer.graph_capturable
     for q, out, k, v in grow(peer, 126, 4):
-        stored = peer.cache.to_contiguous()
+        stored = peer.cache.view()
         assert (out.double() - reference_decode(q, stored)).abs().max().item() < FP16_TOL
-        for exact, approx in zip((k, v), dequantize_kv(stored, dtype=torch.float32), strict=True):
+        for exact, approx in zip((k, v), held_kv(stored), strict=True):
             step_size = (exact.max() - exact.min()).item() / (2 ** peer.bits - 1)
             assert (approx.double() - exact.double()).abs().max().item() <= step_size * 1.01
     assert peer.length == 130 and peer.cache.lengths() == [130] * B
@@ -477,7 +477,7 @@ def test_kvbits_peer_follows_replays():
     peer.append(tok, tok)
     out = peer.attend(q)
     assert peer.cache.lengths() == peer.cache.sync_lengths() == [68] * B
-    assert (out.double() - reference_decode(q, peer.cache.to_contiguous())).abs().max().item() < FP16_TOL
+    assert (out.double() - reference_decode(q, peer.cache.view())).abs().max().item() < FP16_TOL
 
 
 def test_replayed_refuses_what_no_replay_explains():
@@ -530,8 +530,11 @@ MEASURED = ["ms", "p99_ms", "max_ms", "ms_n", "ms_min", "ms_iqr", "ms_mad", "hos
 
 @pytest.fixture(scope="module")
 def measured() -> dict:
-    """measure() of SDPA math and kvbits at 2, 3 and 4 bits at one small shape on CPU."""
-    seq = 64
+    """measure() of SDPA math and kvbits at 2, 3 and 4 bits at one small shape on CPU, long enough
+    that kvbits attends codes between its fp sinks and window."""
+    from kvbits.decode.cache import SINKS, WINDOW
+
+    seq = 2 * (SINKS + WINDOW)
     return {name: measure(METHODS[name](B, HQ, HKV, D, seq + extra_tokens(2, 0)), seq, eager_steps=2, graph_steps=0)
             for name in ["sdpa-math", *KVBITS]}
 

@@ -40,6 +40,7 @@ def test_greedy_match_counts_leading_equal_tokens():
 
 
 def test_cache_specs_are_named_and_checked():
+    assert CacheSpec("kvbits", 3, sinks=0, window=0).name == "kvbits-3bit-s0w0"
     assert [CacheSpec("kvbits", 3).name, CacheSpec("kvbits", 2, group_size=32).name, CacheSpec("quanto", 4).name,
             CacheSpec("hqq", 3).name, CacheSpec("fp16").name] == [
         "kvbits-3bit", "kvbits-2bit-g32", "quanto-int4", "hqq-3bit", "fp16"]

@@ -49,6 +49,8 @@ STREAM = "suites/test_streaming.py::test_append_equals_one_shot"
 UNPLACED = "suites/test_page_cache.py::test_a_chunk_without_its_page_leaves_its_sequence_unchanged"
 SCALE_RANGE = "suites/test_page_cache.py::test_fp32_scales_beyond_fp16_show_in_check_errors"
 FUSED = "suites/test_decode_fused.py"
+ATTEND = "suites/test_page_cache.py::test_attend_matches_the_reference"
+GROWTH = "suites/test_page_cache.py::test_growth_equals_one_shot"
 READ_FLOOR_TESTS = "tests/test_read_floor.py"
 SMALL_AFFINE = "1x2x64x64x32"  # the cheapest shape of the bit-for-bit affine test (D = 2 G)
 
@@ -334,10 +336,25 @@ MUTANTS: list[dict] = [
      "breaks": "float64 reference maps query heads to the wrong kv heads",
      "select": f"{FUSED}::test_gqa"},
     {"name": "decode-code-len-off-by-one-group", "path": DECODE,
-     "original": "return length, tl.minimum(length, (cached // G) * G)",
-     "mutated": "return length, tl.minimum(length, ((cached - 1) // G) * G)",
+     "original": "full = (tl.load(cache_lens_ptr + b) // G) * G",
+     "mutated": "full = ((tl.load(cache_lens_ptr + b) - 1) // G) * G",
      "breaks": "a cache ending on a group boundary attends its last group from the residual window",
      "select": f"{FUSED}::test_seed_case", "k": "triton", "ci": True},
+    {"name": "decode-sinks-attended-twice", "path": DECODE,
+     "original": "t_begin = SINKS // BLOCK_T + split * tiles_per_split",
+     "mutated": "t_begin = split * tiles_per_split",
+     "breaks": "the sinks are attended from their codes as well as from their fp copies",
+     "select": f"{ATTEND}", "k": "fp"},
+    {"name": "decode-window-read-from-codes", "path": DECODE,
+     "original": "return length, tl.maximum(tl.minimum(length, full - WINDOW), SINKS), full",
+     "mutated": "return length, tl.maximum(tl.minimum(length, full), SINKS), full",
+     "breaks": "the window before the partial group is attended from codes and from the ring both",
+     "select": f"{ATTEND}", "k": "fp", "ci": True},
+    {"name": "append-ring-row-from-group", "path": APPEND,
+     "original": "res = tl.load(r_ptr + b * stride_rb + h * stride_rh + (pos % RING) * stride_rt + c, mask=old, other=0.0)",
+     "mutated": "res = tl.load(r_ptr + b * stride_rb + h * stride_rh + t * stride_rt + c, mask=old, other=0.0)",
+     "breaks": "a group completed from the ring reads its first tokens from the ring's first rows",
+     "select": f"{GROWTH}", "k": "fp and triton"},
     {"name": "decode-last-tile-dropped", "path": DECODE,
      "original": "t_end = tl.minimum(t_begin + tiles_per_split, (code_len + BLOCK_T - 1) // BLOCK_T)",
      "mutated": "t_end = tl.minimum(t_begin + tiles_per_split, code_len // BLOCK_T)",

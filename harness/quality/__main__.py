@@ -44,7 +44,7 @@ def _record(args) -> int:
     from harness.run.env import dist_version
 
     model, tokenizer = load_model(args.device, torch.float32)
-    specs = [CacheSpec("kvbits", bits) for bits in (2, 3, 4)]
+    specs = [CacheSpec("kvbits", bits) for bits in (2, 3, 4)] + [CacheSpec("kvbits", 3, sinks=0, window=0)]
     figures = measure(model, text_tokens(tokenizer), SUITE_PROTOCOL, specs)
     record = {
         "model": f"{GGUF_FILE} ({MODEL_DIST} {dist_version(MODEL_DIST)}), fp32",

@@ -6,8 +6,9 @@ model, which attention reads it, and the bytes a token takes in it.
 - ``fp16``: the same with K and V rounded to float16 as they are stored (what kvbits' residual
   window and any fp16 cache hold, for a float32 model);
 - ``kvbits-<b>bit``: :class:`kvbits.integrations.transformers.KVBitsCache` (bits, group size,
-  backend), read by the ``"kvbits"`` attention: the prompt attended exactly while it is
-  quantized, every later token appended and decoded from the packed pages;
+  backend, fp sinks and window: ``-s<sinks>w<window>`` where not the defaults), read by the
+  ``"kvbits"`` attention: the prompt attended exactly while it is quantized, every later token
+  appended and decoded from the packed pages and the fp tokens;
 - ``quanto-int<b>`` and ``hqq-<b>bit``: transformers' ``QuantizedCache`` with its defaults (group
   64, a 128-token full-precision window, everything re-quantized each time the window fills),
   where optimum-quanto or hqq is installed.
@@ -28,13 +29,15 @@ KINDS = ("full", "fp16", "kvbits", "quanto", "hqq")
 
 @dataclasses.dataclass(frozen=True)
 class CacheSpec:
-    """One cache setting. kind: one of KINDS; bits and group_size for the quantized kinds; backend:
-    kvbits' ("torch", "triton" or None for its default on the device)."""
+    """One cache setting. kind: one of KINDS; bits and group_size for the quantized kinds; backend,
+    sinks and window: kvbits' (None: its defaults; backend "torch" or "triton")."""
 
     kind: str
     bits: int = 0
     group_size: int = 64
     backend: str | None = None
+    sinks: int | None = None
+    window: int | None = None
 
     def __post_init__(self):
         if self.kind not in KINDS:
@@ -48,7 +51,8 @@ class CacheSpec:
         if self.kind in ("full", "fp16"):
             return self.kind
         if self.kind == "kvbits":
-            return f"kvbits-{self.bits}bit" + ("" if self.group_size == 64 else f"-g{self.group_size}")
+            fp = "" if self.sinks is None and self.window is None else f"-s{self.sinks}w{self.window}"
+            return f"kvbits-{self.bits}bit" + ("" if self.group_size == 64 else f"-g{self.group_size}") + fp
         return f"quanto-int{self.bits}" if self.kind == "quanto" else f"hqq-{self.bits}bit"
 
     @property
@@ -81,13 +85,14 @@ class CacheSpec:
             from kvbits.integrations.transformers import KVBitsCache
 
             return KVBitsCache(config, max_cache_len=capacity, bits=self.bits, group_size=self.group_size,
-                               backend=self.backend)
+                               backend=self.backend, sinks=self.sinks, window=self.window)
         return QuantizedCache(self.kind, config, nbits=self.bits, q_group_size=GROUP_SIZE,
                               residual_length=RESIDUAL_LENGTH)
 
     def bytes_per_token(self, cache, config, tokens: int, dtype: torch.dtype) -> float:
         """Bytes one token takes across the layers: kvbits' pages at steady state (codes, scales,
-        zeros); QuantizedCache's stored tensors (codes, scales, zeros, the fp16/fp32 window) over
+        zeros; its fp sinks and ring are a fixed size per sequence, PagedKVCache.sequence_bytes);
+        QuantizedCache's stored tensors (codes, scales, zeros, the fp16/fp32 window) over
         the ``tokens`` it holds; K and V in ``dtype`` (float16 for ``fp16``) for the others."""
         if self.kind == "kvbits":
             return sum(layer.paged.bytes_per_token() for layer in cache.layers)

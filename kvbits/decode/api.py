@@ -16,7 +16,7 @@ from .._checks import resolve_backend
 from .._runtime import on_device
 from .checks import check_inputs, check_scale_range, check_served
 from .kernel import _decode_merge_kernel, _decode_split_kernel
-from .launch import merge_launch, partial_buffers, split_launch, split_plan
+from .launch import fp_parts, merge_launch, partial_buffers, split_launch, split_plan
 from .paged import PagedQuantizedKV, decode_view
 from .reference import reference_decode
 
@@ -25,8 +25,9 @@ BACKENDS = ("torch", "triton")
 
 def _triton_decode(q, view: PagedQuantizedKV, lens, cache_lens, max_code_len, sm_scale, num_splits, out):
     batch, hq, d = q.shape
-    splits, per = split_plan(batch, view.heads, max_code_len, view.tile, q.device, num_splits, view.warps)
-    mid_o, mid_lse = partial_buffers(batch, hq, d, splits, q.device)
+    splits, per = split_plan(batch, view.heads, max_code_len, view.tile, q.device, num_splits, view.warps,
+                             fp_parts(view))
+    mid_o, mid_lse = partial_buffers(batch, hq, d, splits + fp_parts(view), q.device)
     grid, args, options = split_launch(view, hq // view.heads, lens, cache_lens, mid_o, mid_lse, sm_scale, splits, per)
     _decode_split_kernel[grid](q, q.stride(0), q.stride(1), *args, **options)
     grid, args, options = merge_launch(mid_o, mid_lse, out.stride()[:2])
@@ -82,7 +83,8 @@ def decode_attention(
     check_scale_range(cache)
     view = cache if isinstance(cache, PagedQuantizedKV) else decode_view(cache)
     g = cache.group_size
-    max_code = max(min(n, c // g * g) for n, c in zip(lens, held, strict=True))
+    # code tokens attended past the sinks (kvbits.decode.paged.code_end)
+    max_code = max(max(0, min(n, c // g * g - view.window) - view.sinks) for n, c in zip(lens, held, strict=True))
     lens32 = lens_t if lens_t.dtype == torch.int32 else lens_t.to(torch.int32)
     # The kernels address q and out with unit stride along D: strided views go through
     # contiguous buffers (q copied in, the result copied into the caller's out).

@@ -2,25 +2,26 @@
 
 :class:`AppendLaunch` (and :func:`launch_append` for one call) writes T new tokens per sequence
 (k, v ``[B, H, T, D]``) into a :class:`~kvbits.decode.paged.PagedQuantizedKV` whose
-block table already names the pages those tokens reach. Where a sequence's residual window and
-its new tokens complete groups of G tokens, each group is quantized (the affine scheme of
+block table already names the pages those tokens reach. Where a sequence's partial group (in its
+fp ring) and its new tokens complete groups of G tokens, each group is quantized (the affine scheme of
 :mod:`kvbits.affine`, bit for bit: K per channel, V per token) and written straight into the
-page in the tile arrangement the fused decode reads (:mod:`kvbits.decode.layout`); the tokens past the
-last whole group go to the residual window. ``seq_lens`` grows by each sequence's count. The
+page in the tile arrangement the fused decode reads (:mod:`kvbits.decode.layout`); the last tokens
+go to the ring (the partial group and the window before it) and the first ones to the sinks, in
+fp (:mod:`kvbits.decode.paged`). ``seq_lens`` grows by each sequence's count. The
 positions come from ``seq_lens`` on the device, so the host never waits, and one step (append,
 then attend) can be captured in a CUDA graph and replayed as the lengths grow.
 
 Triton path (:class:`AppendLaunch`), grid ``(B, H, groups * 2 * shares)`` with ``groups = (G -
 1 + T) // G`` (at least 1): program (b, h, (j * 2 + role) * shares + share) quantizes K (role 0)
 or V (role 1) of group j of sequence b's chunk when the chunk completes it (group 0 holds the
-residual window's tokens first): the group's scales, zeros and codes in registers, the scales
+partial group's tokens first): the group's scales, zeros and codes in registers, the scales
 and zeros stored into the page (share 0), then share ``share`` of the words of its tiles, each
 bit of a word gathered from the code of the element that the arrangement puts there (a table of
 ``element * 8 + bit`` per word bit, :func:`word_sources`). A one-token append completes at most
 one group per sequence, and its words are shared by ``shares`` programs per role
 (WORD_SHARES), so that the step that completes a group costs little more than the others;
-chunks take one program per group and role. The group-0 programs then write the tokens past the
-last whole group into the residual window, and the last program of sequence b to finish adds
+chunks take one program per group and role. The group-0 programs then write the chunk's last
+tokens into the ring and its first into the sinks, and the last program of sequence b to finish adds
 its count to ``seq_lens[b]`` (no second launch).
 
 The torch path does the same on the host (any device): it reads the lengths, so it synchronizes.
@@ -63,13 +64,13 @@ def word_sources(bits: int, role: str, d: int, tile: int, warps: int, device) ->
 # ----------------------------------------------------------------------------- Triton kernel
 @triton.jit
 def _group_values(x_ptr, stride_xb, stride_xh, stride_xt, r_ptr, stride_rb, stride_rh, stride_rt,
-                  b, h, start, held, t, c):
+                  b, h, start, held, t, c, RING: tl.constexpr):
     """Values (fp32) of tokens t (offsets in the group) and channels c of the group that starts at
-    token ``start`` of sequence b, which held ``held`` tokens before this chunk: the residual
-    window's (r) below ``held``, the chunk's (x) from there on (t and c broadcast)."""
+    token ``start`` of sequence b, which held ``held`` tokens before this chunk: the ring's (r, row
+    position % RING) below ``held``, the chunk's (x) from there on (t and c broadcast)."""
     pos = start + t
     old = pos < held
-    res = tl.load(r_ptr + b * stride_rb + h * stride_rh + t * stride_rt + c, mask=old, other=0.0)
+    res = tl.load(r_ptr + b * stride_rb + h * stride_rh + (pos % RING) * stride_rt + c, mask=old, other=0.0)
     new = tl.load(x_ptr + b * stride_xb + h * stride_xh + (pos - held).to(tl.int64) * stride_xt + c, mask=~old,
                   other=0.0)
     return tl.where(old, res.to(tl.float32), new.to(tl.float32))
@@ -123,23 +124,38 @@ def _count_beyond_fp16(s, SCALE_MAX: tl.constexpr, PER_CHANNEL: tl.constexpr):
 
 
 @triton.jit
+def _copy_rows(x_ptr, stride_xb, stride_xh, stride_xt, out_ptr, stride_ob, stride_oh, stride_ot, b, h, held, end,
+             first, rows, period, D: tl.constexpr):
+    """Copy the chunk's tokens among positions first + [0, rows) (those in [held, end)) to the fp
+    rows of sequence b, kv head h: position p at row p % period."""
+    pos = first + tl.arange(0, rows)
+    keep = ((pos >= held) & (pos < end))[:, None]
+    c = tl.arange(0, D)[None, :]
+    src = b * stride_xb + h * stride_xh + (pos - held).to(tl.int64)[:, None] * stride_xt + c
+    row = tl.where(pos >= 0, pos, 0) % period
+    tl.store(out_ptr + b * stride_ob + h * stride_oh + row[:, None] * stride_ot + c, tl.load(x_ptr + src, mask=keep),
+             mask=keep)
+
+
+@triton.jit
 def _append_role(x_ptr, stride_xb, stride_xh, stride_xt, r_ptr, stride_rb, stride_rh, stride_rt,
+                 sink_ptr, stride_sink_b, stride_sink_h, stride_sink_t,
                  w_ptr, stride_w_p, stride_w_h, stride_w_t, s_ptr, z_ptr, stride_s_p, stride_s_h, stride_s_r,
                  table_ptr, err_ptr, b, h, j, share, held, n_new, page_size, bt_ptr, stride_bt_b,
-                 D: tl.constexpr, G: tl.constexpr, BITS: tl.constexpr, TILE: tl.constexpr,
-                 SHARES: tl.constexpr, WORDS: tl.constexpr, PER_CHANNEL: tl.constexpr, SCALE_FP16: tl.constexpr,
-                 FLOOR: tl.constexpr, SCALE_MAX: tl.constexpr, INTERPRET: tl.constexpr):
+                 D: tl.constexpr, G: tl.constexpr, BITS: tl.constexpr, TILE: tl.constexpr, SINKS: tl.constexpr,
+                 RING: tl.constexpr, SHARES: tl.constexpr, WORDS: tl.constexpr, PER_CHANNEL: tl.constexpr,
+                 SCALE_FP16: tl.constexpr, FLOOR: tl.constexpr, SCALE_MAX: tl.constexpr, INTERPRET: tl.constexpr):
     """K (PER_CHANNEL) or V of one program of a chunk whose completed groups all have their pages:
     quantize the chunk's group j when the chunk completes it (share 0 stores its scales and
-    zeros), write share ``share`` of its tiles' words, and (group 0, share 0) the tokens past the
-    chunk's last whole group into the residual window."""
+    zeros), write share ``share`` of its tiles' words, and (group 0, share 0) the chunk's last
+    RING tokens into the ring (row position % RING) and its tokens below SINKS into the sinks."""
     start = held // G * G + j * G  # first token of the group
     NW: tl.constexpr = TILE * D * BITS // 32 // SHARES  # words of a tile this program writes
     off = start % page_size
     if start + G <= held + n_new:  # the chunk completes this group
         page = tl.load(bt_ptr + b * stride_bt_b + start // page_size).to(tl.int64)
         x = _group_values(x_ptr, stride_xb, stride_xh, stride_xt, r_ptr, stride_rb, stride_rh, stride_rt,
-                          b, h, start, held, tl.arange(0, G)[:, None], tl.arange(0, D)[None, :])
+                          b, h, start, held, tl.arange(0, G)[:, None], tl.arange(0, D)[None, :], RING)
         if PER_CHANNEL:  # one scale per channel over the group's tokens
             lo, hi = _group_range(x, 0, INTERPRET)
             s, z, inv = _affine_params_tl(lo, hi, BITS, SCALE_FP16, FLOOR, INTERPRET)
@@ -167,28 +183,33 @@ def _append_role(x_ptr, stride_xb, stride_xh, stride_xt, r_ptr, stride_rb, strid
             tile_idx = (off + i * TILE) // TILE
             _tile_words(w_ptr + page * stride_w_p + h * stride_w_h + tile_idx * stride_w_t, table_ptr,
                         codes, i * TILE, share * NW, NW, D, WORDS)
-    if (j == 0) & (share == 0):  # the tokens past the chunk's last whole group into the window
-        tl.debug_barrier()  # after this program's reads of the window (the only reader of this role's)
+    if (j == 0) & (share == 0):  # the chunk's last RING tokens into the ring, its first into the sinks
+        # after this program's reads of the ring (the only reader of this role's whose rows a write
+        # may reach: a one-token chunk writes the row of its token, which no group reads)
+        tl.debug_barrier()
         end = held + n_new
-        u = tl.arange(0, G)
-        pos = end // G * G + u  # window slot u
-        keep = ((pos >= held) & (pos < end))[:, None]
-        c = tl.arange(0, D)[None, :]
-        src = b * stride_xb + h * stride_xh + (pos - held).to(tl.int64)[:, None] * stride_xt + c
-        tl.store(r_ptr + b * stride_rb + h * stride_rh + u[:, None] * stride_rt + c, tl.load(x_ptr + src, mask=keep),
-                 mask=keep)
+        first = tl.maximum(held, end - RING)  # the chunk's first token the ring keeps
+        for i in tl.static_range(RING // G):
+            if first + i * G < end:  # blocks past the chunk hold none of its tokens (a step's: one block)
+                _copy_rows(x_ptr, stride_xb, stride_xh, stride_xt, r_ptr, stride_rb, stride_rh, stride_rt, b, h, held,
+                           end, first + i * G, G, RING, D)
+        if held < SINKS:
+            for i in tl.static_range(SINKS // G):
+                _copy_rows(x_ptr, stride_xb, stride_xh, stride_xt, sink_ptr, stride_sink_b, stride_sink_h,
+                           stride_sink_t, b, h, held, end, i * G, G, SINKS, D)
 
 
 @triton.jit
 def _append_kernel(
     k_ptr, v_ptr, stride_xb, stride_xh, stride_xt, chunk_ptr, chunk,
     lens_ptr, kr_ptr, vr_ptr, stride_rb, stride_rh, stride_rt,
+    ksink_ptr, vsink_ptr, stride_sink_b, stride_sink_h, stride_sink_t,
     bt_ptr, stride_bt_b, table_cols, num_pages, page_size,
     kw_ptr, stride_kw_p, stride_kw_h, stride_kw_t, ks_ptr, kz_ptr, stride_ks_p, stride_ks_h, stride_ks_g,
     vw_ptr, stride_vw_p, stride_vw_h, stride_vw_t, vs_ptr, vz_ptr, stride_vs_p, stride_vs_h, stride_vs_t,
     k_table_ptr, v_table_ptr, err_ptr, arrivals_ptr,
-    D: tl.constexpr, G: tl.constexpr, BITS: tl.constexpr, TILE: tl.constexpr, RAGGED: tl.constexpr,
-    SHARES: tl.constexpr, WORDS: tl.constexpr, SCALE_FP16: tl.constexpr,
+    D: tl.constexpr, G: tl.constexpr, BITS: tl.constexpr, TILE: tl.constexpr, SINKS: tl.constexpr,
+    RING: tl.constexpr, RAGGED: tl.constexpr, SHARES: tl.constexpr, WORDS: tl.constexpr, SCALE_FP16: tl.constexpr,
     FLOOR: tl.constexpr, SCALE_MAX: tl.constexpr, INTERPRET: tl.constexpr,
 ):
     """Append chunk tokens of one (sequence b, kv head h): program (j * 2 + role) * SHARES + share
@@ -198,7 +219,8 @@ def _append_kernel(
 
     k, v [B, H, T, D] (D contiguous) in the cache's dtype; chunk lengths int32 [B] (RAGGED) or
     ``chunk`` for all; lens int32 [B] (grown by the program of sequence b that finishes last, as
-    arrivals int32 [B], zero between launches, counts them); k/v_residual [B, H, G, D]; block
+    arrivals int32 [B], zero between launches, counts them); k/v_residual [B, H, RING, D] (the fp
+    ring, RING a multiple of G); k/v_sink [B, H, SINKS, D] (any pointer when SINKS = 0); block
     table int32 [B, table_cols]; the pool's words int32 [NP, H, P/TILE, W], K scales/zeros
     [NP, H, P/G, D], V scales/zeros [NP, H, P, D/G]; tables int32 [W * 32] (word_sources);
     errors int32 [1] (ERROR_* bits or-ed in). A sequence a group of whose chunk finds no page
@@ -218,14 +240,16 @@ def _append_kernel(
     if placed:
         if role == 0:
             _append_role(k_ptr, stride_xb, stride_xh, stride_xt, kr_ptr, stride_rb, stride_rh, stride_rt,
-                         kw_ptr, stride_kw_p, stride_kw_h, stride_kw_t, ks_ptr, kz_ptr, stride_ks_p, stride_ks_h,
+                         ksink_ptr, stride_sink_b, stride_sink_h, stride_sink_t, kw_ptr, stride_kw_p, stride_kw_h, stride_kw_t, ks_ptr, kz_ptr, stride_ks_p, stride_ks_h,
                          stride_ks_g, k_table_ptr, err_ptr, b, h, j, share, held, n_new, page_size, bt_ptr,
-                         stride_bt_b, D, G, BITS, TILE, SHARES, WORDS, True, SCALE_FP16, FLOOR, SCALE_MAX, INTERPRET)
+                         stride_bt_b, D, G, BITS, TILE, SINKS, RING, SHARES, WORDS, True, SCALE_FP16, FLOOR,
+                         SCALE_MAX, INTERPRET)
         else:
             _append_role(v_ptr, stride_xb, stride_xh, stride_xt, vr_ptr, stride_rb, stride_rh, stride_rt,
-                         vw_ptr, stride_vw_p, stride_vw_h, stride_vw_t, vs_ptr, vz_ptr, stride_vs_p, stride_vs_h,
+                         vsink_ptr, stride_sink_b, stride_sink_h, stride_sink_t, vw_ptr, stride_vw_p, stride_vw_h, stride_vw_t, vs_ptr, vz_ptr, stride_vs_p, stride_vs_h,
                          stride_vs_t, v_table_ptr, err_ptr, b, h, j, share, held, n_new, page_size, bt_ptr,
-                         stride_bt_b, D, G, BITS, TILE, SHARES, WORDS, False, SCALE_FP16, FLOOR, SCALE_MAX, INTERPRET)
+                         stride_bt_b, D, G, BITS, TILE, SINKS, RING, SHARES, WORDS, False, SCALE_FP16, FLOOR,
+                         SCALE_MAX, INTERPRET)
     elif (h == 0) & (tl.program_id(2) == 0):
         tl.atomic_or(err_ptr, 1)  # ERROR_NO_PAGE
     # the sequence's last program to finish grows its length: every program of it has read the
@@ -266,14 +290,17 @@ class AppendLaunch:
                  arrivals: torch.Tensor):
         self.view, self.sources, self.errors = view, sources, errors
         sdt = view.k_scale.dtype
+        # without sinks the kernel writes no sink row: the ring stands in for their pointers
+        ksink, vsink = (view.k_sink, view.v_sink) if view.sinks else (view.k_residual, view.v_residual)
         self._fixed = (
             view.seq_lens, view.k_residual, view.v_residual, *view.k_residual.stride()[:3],
-            view.block_table, view.block_table.stride(0), view.block_table.shape[1], view.num_pages, view.page_size,
+            ksink, vsink, *ksink.stride()[:3], view.block_table, view.block_table.stride(0), view.block_table.shape[1], view.num_pages, view.page_size,
             view.k_words, *view.k_words.stride()[:3], view.k_scale, view.k_zero, *view.k_scale.stride()[:3],
             view.v_words, *view.v_words.stride()[:3], view.v_scale, view.v_zero, *view.v_scale.stride()[:3],
             *sources, errors, arrivals,
         )
-        self._options = dict(D=view.head_dim, G=view.group_size, BITS=view.bits, TILE=view.tile,
+        self._options = dict(D=view.head_dim, G=view.group_size, BITS=view.bits, TILE=view.tile, SINKS=view.sinks,
+                             RING=view.ring,
                              SCALE_FP16=sdt == torch.float16, FLOOR=SCALE_FLOOR[sdt], SCALE_MAX=torch.finfo(sdt).max,
                              INTERPRET=triton_interpreted(), num_warps=APPEND_WARPS)
         self._launches: dict[tuple, Launch] = {}
@@ -349,8 +376,9 @@ def _append_sequence_torch(view: PagedQuantizedKV, b: int, held: int, k: torch.T
     g, p, d = view.group_size, view.page_size, view.head_dim
     found = 0
     r = held % g
-    ks = torch.cat([view.k_residual[b, :, :r], k], dim=1)  # [H, r + n, D]
-    vs = torch.cat([view.v_residual[b, :, :r], v], dim=1)
+    old = torch.arange(held - r, held, device=k.device) % view.ring  # the partial group's ring rows
+    ks = torch.cat([view.k_residual[b, :, old], k], dim=1)  # [H, r + n, D]
+    vs = torch.cat([view.v_residual[b, :, old], v], dim=1)
     full = (r + k.shape[1]) // g * g
     for j in range(full // g):
         start = held - r + j * g
@@ -371,8 +399,14 @@ def _append_sequence_torch(view: PagedQuantizedKV, b: int, held: int, k: torch.T
                 tile = c[:, rows] if role == "k" else c[:, rows].transpose(-1, -2)
                 words = view.k_words if role == "k" else view.v_words
                 words[page, :, tile_idx] = pack_tile(tile, view.bits, role, d, view.tile, view.warps)
-    view.k_residual[b, :, :ks.shape[1] - full] = ks[:, full:]
-    view.v_residual[b, :, :vs.shape[1] - full] = vs[:, full:]
+    end = held + k.shape[1]
+    kept = torch.arange(max(held, end - view.ring), end, device=k.device)  # the chunk's tokens the ring keeps
+    view.k_residual[b, :, kept % view.ring] = k[:, kept - held]
+    view.v_residual[b, :, kept % view.ring] = v[:, kept - held]
+    if view.sinks:
+        first = torch.arange(held, max(held, min(end, view.sinks)), device=k.device)  # the chunk's sink tokens
+        view.k_sink[b, :, first] = k[:, first - held]
+        view.v_sink[b, :, first] = v[:, first - held]
     return found
 
 
@@ -402,11 +436,15 @@ def _codes_of(kg: torch.Tensor, vg: torch.Tensor, view: PagedQuantizedKV) -> tup
 # ----------------------------------------------------------------------------- AOT specializations
 def _aot_specs() -> list[AotSpec]:
     specs = []
-    for dtype, d, g, bits, tile in (("fp16", 128, 64, 3, 64), ("bf16", 128, 64, 2, 64), ("fp16", 64, 32, 4, 32)):
+    for dtype, d, g, bits, tile, sinks, window in (("fp16", 128, 64, 3, 64, 0, 0), ("bf16", 128, 64, 2, 64, 0, 0),
+                                                    ("fp16", 64, 32, 4, 32, 0, 0), ("fp16", 128, 64, 3, 64, 64, 128)):
         ptr = f"*{dtype}"
+        fp = f"_s{sinks}r{g + window}" if sinks or window else ""
         sig = {"k_ptr": ptr, "v_ptr": ptr, "stride_xb": "i32", "stride_xh": "i32", "stride_xt": "i32",
                "chunk_ptr": "*i32", "chunk": "i32", "lens_ptr": "*i32", "kr_ptr": ptr, "vr_ptr": ptr,
-               "stride_rb": "i32", "stride_rh": "i32", "stride_rt": "i32", "bt_ptr": "*i32", "stride_bt_b": "i32",
+               "stride_rb": "i32", "stride_rh": "i32", "stride_rt": "i32", "ksink_ptr": ptr, "vsink_ptr": ptr,
+               "stride_sink_b": "i32", "stride_sink_h": "i32", "stride_sink_t": "i32",
+               "bt_ptr": "*i32", "stride_bt_b": "i32",
                "table_cols": "i32", "num_pages": "i32", "page_size": "i32",
                "kw_ptr": "*i32", "stride_kw_p": "i64", "stride_kw_h": "i32", "stride_kw_t": "i32",
                "ks_ptr": "*fp16", "kz_ptr": "*fp16", "stride_ks_p": "i64", "stride_ks_h": "i32", "stride_ks_g": "i32",
@@ -414,8 +452,8 @@ def _aot_specs() -> list[AotSpec]:
                "vs_ptr": "*fp16", "vz_ptr": "*fp16", "stride_vs_p": "i64", "stride_vs_h": "i32", "stride_vs_t": "i32",
                "k_table_ptr": "*i32", "v_table_ptr": "*i32", "err_ptr": "*i32", "arrivals_ptr": "*i32"}
         specs.append(AotSpec(
-            f"page_append_{dtype}_d{d}_g{g}_b{bits}_t{tile}", _append_kernel, sig,
-            {"D": d, "G": g, "BITS": bits, "TILE": tile, "RAGGED": False,
+            f"page_append_{dtype}_d{d}_g{g}_b{bits}_t{tile}{fp}", _append_kernel, sig,
+            {"D": d, "G": g, "BITS": bits, "TILE": tile, "SINKS": sinks, "RING": g + window, "RAGGED": False,
              **dict(zip(("SHARES", "WORDS"), word_split(tile * d * bits // 32, 1 if bits == 3 else 2), strict=True)),
              "SCALE_FP16": True,
              "FLOOR": SCALE_FLOOR[torch.float16], "SCALE_MAX": 65504.0, "INTERPRET": False},

@@ -1,13 +1,24 @@
 """A paged low-bit KV cache a server can decode on: :class:`PagedKVCache`.
 
 A pool of fixed-size pages in the decode arrangement (:mod:`kvbits.decode.layout`), a block table
-per sequence and a residual window per sequence, in the conventions of vLLM and FlashInfer.
+per sequence and a few full-precision tokens per sequence, in the conventions of vLLM and
+FlashInfer.
 Sequences are added (with or without a prompt) and freed (their pages go back to the pool);
 each step appends one token (or a chunk) to every live sequence in one kernel launch
 (:mod:`kvbits.decode.append`) and attends with the fused decode through a plan made once per
 batch composition (:class:`kvbits.decode.plan.DecodePlan`). The prompt and every appended
 token are written straight into the arrangement the kernel reads: nothing is rebuilt, and
 the cache's device memory is :meth:`PagedKVCache.nbytes`.
+
+Full-precision tokens (``sinks`` and ``window``; :mod:`kvbits.decode.paged`): the decode attends
+each sequence's first ``sinks`` tokens (attention sinks, which the softmax weighs heavily) and
+its newest tokens (the partial group and the ``window`` before it) in the input dtype, and only
+the tokens between them from codes. The pages still hold every complete group; the fp tokens
+cost a fixed ``(sinks + window + G) * H * D * 2`` element bytes per sequence
+(:meth:`PagedKVCache.sequence_bytes`), nothing per token. Measured on SmolLM2-135M (perplexity
+change with the cache read by every scored token, reports/baselines/BENCHMARKS.md): 3 bits
++2.5% without them, under +1% with 64 sinks and a 128-token window. ``sinks=0, window=0`` is
+the scheme without them.
 
 Live sequences occupy rows 0..n-1 of the batch, in :attr:`PagedKVCache.sequences` order (q, k
 and v of a step follow it); freeing a sequence moves the last row into its place, as a
@@ -57,11 +68,14 @@ from .paged import PagedQuantizedKV, _require_page_size, paged_to_contiguous
 from .plan import DecodePlan
 
 BACKENDS = ("torch", "triton")
+SINKS, WINDOW = 64, 128  # default fp tokens, rounded up to whole groups (fp_tokens)
 PLAN_HEADROOM = 8  # a plan covers the longest sequence plus an eighth, so that growth rarely re-plans
 
 
 class PagedKVCache(CacheLengths):
     """A page pool with sequences (module docstring). Appends and the decode run on ``device``.
+    ``sinks`` and ``window``: full-precision tokens per sequence, multiples of group_size (None:
+    SINKS and WINDOW rounded up to whole groups; 0 and 0: none beyond the partial group).
     (head_dim, dtype and scale_dtype as every cache derives them: CacheLengths.)"""
 
     def __init__(
@@ -80,6 +94,8 @@ class PagedKVCache(CacheLengths):
         device: torch.device | str = "cpu",
         tile: int | None = None,
         warps: int | None = None,
+        sinks: int | None = None,
+        window: int | None = None,
     ):
         for name, value in (("num_pages", num_pages), ("heads", heads), ("max_seqs", max_seqs)):
             require_int(name, value)
@@ -98,6 +114,7 @@ class PagedKVCache(CacheLengths):
         if tile > group_size:
             raise ValueError(f"tile ({tile}) must not exceed the group size ({group_size})")
         _require_page_size(page_size, group_size, tile)
+        sinks, window = fp_tokens(group_size, sinks, window)
         if max_pages_per_seq is None:
             max_pages_per_seq = num_pages
         require_int("max_pages_per_seq", max_pages_per_seq)
@@ -114,8 +131,10 @@ class PagedKVCache(CacheLengths):
         self.k_zero = zeros(num_pages, heads, page_size // group_size, head_dim, dtype=scale_dtype, **kw)
         self.v_scale = zeros(num_pages, heads, page_size, head_dim // group_size, dtype=scale_dtype, **kw)
         self.v_zero = zeros(num_pages, heads, page_size, head_dim // group_size, dtype=scale_dtype, **kw)
-        self.k_residual = zeros(max_seqs, heads, group_size, head_dim, dtype=dtype, **kw)
-        self.v_residual = zeros(max_seqs, heads, group_size, head_dim, dtype=dtype, **kw)
+        self.k_residual = zeros(max_seqs, heads, group_size + window, head_dim, dtype=dtype, **kw)  # the ring
+        self.v_residual = zeros(max_seqs, heads, group_size + window, head_dim, dtype=dtype, **kw)
+        self.k_sink = zeros(max_seqs, heads, sinks, head_dim, dtype=dtype, **kw) if sinks else None
+        self.v_sink = zeros(max_seqs, heads, sinks, head_dim, dtype=dtype, **kw) if sinks else None
         self.block_table = torch.full((max_seqs, max_pages_per_seq), -1, dtype=torch.int32, **kw)
         self.seq_lens = zeros(max_seqs, dtype=torch.int32, **kw)
         self.errors = zeros(1, dtype=torch.int32, **kw)  # page_append's ERROR_* bits
@@ -152,6 +171,16 @@ class PagedKVCache(CacheLengths):
         return self.block_table.shape[0]
 
     @property
+    def sinks(self) -> int:
+        """The first tokens of each sequence attended in full precision."""
+        return 0 if self.k_sink is None else self.k_sink.shape[2]
+
+    @property
+    def window(self) -> int:
+        """Tokens before the partial group attended in full precision."""
+        return self.k_residual.shape[2] - self.group_size
+
+    @property
     def sequences(self) -> list[int]:
         """Ids of the live sequences, in row order (the order of q, k and v in a step)."""
         return list(self._ids)
@@ -165,18 +194,23 @@ class PagedKVCache(CacheLengths):
         return list(self._lens)
 
     def nbytes(self) -> int:
-        """Device bytes of every tensor the cache holds: the pool, the residual windows, the block
-        table, the lengths and the append's word tables (the cache's whole device memory; a
-        decode plan's partial-output buffers are apart)."""
+        """Device bytes of every tensor the cache holds: the pool, the fp tokens (rings and sinks),
+        the block table, the lengths and the append's word tables (the cache's whole device
+        memory; a decode plan's partial-output buffers are apart)."""
         return sum(t.numel() * t.element_size() for t in (
             self.k_words, self.v_words, self.k_scale, self.k_zero, self.v_scale, self.v_zero,
-            self.k_residual, self.v_residual, self.block_table, self.seq_lens, self.errors, self.arrivals,
-            self.k_sources, self.v_sources))
+            self.k_residual, self.v_residual, *(() if self.k_sink is None else (self.k_sink, self.v_sink)),
+            self.block_table, self.seq_lens, self.errors, self.arrivals, self.k_sources, self.v_sources))
 
     def bytes_per_token(self) -> float:
         """Pool bytes one token takes across the heads: codes, and its share of scales and zeros."""
         d, g, sdt = self.head_dim, self.group_size, self.k_scale.element_size()
         return self.heads * (2 * d * self.bits / 8 + 4 * (d / g) * sdt)
+
+    def sequence_bytes(self) -> int:
+        """Bytes of full-precision tokens each sequence row holds whatever its length: its ring
+        (the partial group and the window) and its sinks, K and V, across the heads."""
+        return 2 * self.heads * (self.sinks + self.k_residual.shape[2]) * self.head_dim * self.k_residual.element_size()
 
     def view(self) -> PagedQuantizedKV:
         """The live rows as the decode kernel reads them: the pool's tensors and rows 0..n-1 of
@@ -194,6 +228,8 @@ class PagedKVCache(CacheLengths):
             k_words=self.k_words, k_scale=self.k_scale, k_zero=self.k_zero, v_words=self.v_words,
             v_scale=self.v_scale, v_zero=self.v_zero, k_residual=self.k_residual[rows],
             v_residual=self.v_residual[rows], block_table=self.block_table[rows], seq_lens=self.seq_lens[rows],
+            k_sink=None if self.k_sink is None else self.k_sink[rows],
+            v_sink=None if self.v_sink is None else self.v_sink[rows],
         )
 
     # -- sequences ---------------------------------------------------------------------
@@ -235,8 +271,9 @@ class PagedKVCache(CacheLengths):
         last = len(self._ids) - 1
         self._free_pages.extend(reversed(self._pages[row]))
         if row != last:
-            for t in (self.block_table, self.seq_lens, self.k_residual, self.v_residual):
-                t[row] = t[last]
+            for t in (self.block_table, self.seq_lens, self.k_residual, self.v_residual, self.k_sink, self.v_sink):
+                if t is not None:
+                    t[row] = t[last]
             self._ids[row], self._pages[row], self._lens[row] = self._ids[last], self._pages[last], self._lens[last]
         self.block_table[last].fill_(-1)
         self.seq_lens[last] = 0
@@ -251,7 +288,7 @@ class PagedKVCache(CacheLengths):
     # -- pages -------------------------------------------------------------------------
     def _pages_for(self, held: int, new: int, pages: list[int]) -> int:
         """How many more pages a row holding ``held`` tokens in ``pages`` needs for ``new`` more
-        (pages hold whole groups only: the residual window is per row)."""
+        (pages hold whole groups only: the partial group is in the row's ring)."""
         quantized = (held + new) // self.group_size * self.group_size
         total = max(-(-quantized // self.page_size), len(pages))
         if total > self.block_table.shape[1]:
@@ -299,7 +336,7 @@ class PagedKVCache(CacheLengths):
         if tokens < 0:
             raise ValueError(f"tokens must be non-negative; got {tokens}")
         self._grow_tables([tokens] * len(self._ids))
-        # the plan covers every token the pages now held can store (and a residual window past
+        # the plan covers every token the pages now held can store (and a partial group past
         # them), so that no stored token is left out of a replayed decode
         held = max((len(pages) for pages in self._pages), default=0) * self.page_size + self.group_size
         self._planned_len = max(max(self._lens, default=0) + tokens, held)
@@ -477,6 +514,20 @@ class PagedKVCache(CacheLengths):
         rows = [p + [p[0] if p else 0] * (width - len(p)) for p in self._pages]
         table = torch.tensor(rows, dtype=torch.int32).reshape(len(rows), width).to(self.device)
         return paged_to_contiguous(dataclasses.replace(self.view(), block_table=table))
+
+
+def fp_tokens(group_size: int, sinks, window) -> tuple[int, int]:
+    """(sinks, window) as given, each checked (a non-negative multiple of group_size), or by
+    default SINKS and WINDOW rounded up to whole groups."""
+    out = []
+    for name, value, default in (("sinks", sinks, SINKS), ("window", window, WINDOW)):
+        if value is None:
+            value = -(-default // group_size) * group_size
+        require_int(name, value)
+        if value < 0 or value % group_size:
+            raise ValueError(f"{name} must be a non-negative multiple of group_size={group_size}; got {value}")
+        out.append(value)
+    return out[0], out[1]
 
 
 def _chunk_counts(chunk_lens, n: int, t: int) -> list[int]:

@@ -3,7 +3,7 @@ configuration and split plan are in :mod:`kvbits.decode.launch`.
 
 Two kernels:
 
-1. ``_decode_split_kernel``, grid ``(splits + 1, Hkv, B)``: program ``s < splits``
+1. ``_decode_split_kernel``, grid ``(splits + parts, Hkv, B)``: program ``s < splits``
    walks tiles of ``BLOCK_T`` quantized tokens (inside one K scale group and one page)
    and keeps an online softmax (running max, per-token sums, accumulators) for the
    ``Hq / Hkv`` query heads of its kv head, so each K/V tile is loaded once for the whole
@@ -42,7 +42,8 @@ Two kernels:
    that compiles to one warp shuffle per operand register (_weight_operand): V tiles keep their
    tokens in the order that makes it so (:func:`kvbits.decode.layout.kernel_token_order`). Only the sequence's
    last code tile, which may end past the attended length, is masked (the loop over whole
-   tiles has no token mask). The last program attends the fp residual window. Each writes a
+   tiles has no token mask). The last programs attend the fp tokens, a group's rows each: the
+   sinks and the ring (the partial group and the window before it). Each writes a
    normalized partial output and its log-sum-exp (base 2).
 2. ``_decode_merge_kernel``, grid ``(Hq, B, D / MERGE_COLUMNS)``: merges the partials by
    log-sum-exp, one warp per 32 channels of a query head.
@@ -473,11 +474,13 @@ def _page(cache, b, page_idx, live):
 
 
 @triton.jit
-def _code_length(lens_ptr, cache_lens_ptr, b, G: tl.constexpr):
-    """(tokens attended, tokens in whole quantized groups among them) of sequence b."""
+def _code_length(lens_ptr, cache_lens_ptr, b, G: tl.constexpr, SINKS: tl.constexpr, WINDOW: tl.constexpr):
+    """(tokens attended, end of those attended from codes, tokens in whole groups) of sequence b:
+    codes are attended from SINKS on, up to the length or the window before the partial group
+    (twin: kvbits.decode.paged.code_end)."""
     length = tl.load(lens_ptr + b)
-    cached = tl.load(cache_lens_ptr + b)
-    return length, tl.minimum(length, (cached // G) * G)
+    full = (tl.load(cache_lens_ptr + b) // G) * G
+    return length, tl.maximum(tl.minimum(length, full - WINDOW), SINKS), full
 
 
 @triton.jit
@@ -651,7 +654,7 @@ def _code_partial(
     b, h, split, lens_ptr, cache_lens_ptr, qk_scale, page_size, tiles_per_split, table_cols,
     GROUP: tl.constexpr, QROWS: tl.constexpr, COLS: tl.constexpr, VCOLS: tl.constexpr, D: tl.constexpr,
     G: tl.constexpr, BITS: tl.constexpr, CLASSES: tl.constexpr, SCALE_WORDS: tl.constexpr, BLOCK_T: tl.constexpr,
-    WARPS: tl.constexpr, INTERPRET: tl.constexpr,
+    SINKS: tl.constexpr, WINDOW: tl.constexpr, WARPS: tl.constexpr, INTERPRET: tl.constexpr,
 ):
     """Attend the split's tiles of quantized tokens and store its partial output and lse."""
     NGV: tl.constexpr = D // G
@@ -670,14 +673,14 @@ def _code_partial(
     # one V accumulator and zero-point sum per channel group
     accs, zaccs = (tl.zeros([G, VCOLS], tl.float32),) * NGV, (tl.zeros([HALF], tl.float32),) * NGV
     state = (tl.full([HALF], float("-inf"), tl.float32), tl.zeros([BLOCK_T, HALF], tl.float32), accs, zaccs)
-    t_begin = split * tiles_per_split
+    t_begin = SINKS // BLOCK_T + split * tiles_per_split  # the sinks' tiles are attended from fp
     t0 = t_begin * BLOCK_T
     page_idx = t0 // page_size
     # the first page is read before the sequence's length, bounded by the block table's width
     # alone, so that the two loads go out together (past the length, its scales and codes are
     # not read)
     page = _page(cache, b, page_idx, page_idx < table_cols)
-    code_len = _code_length(lens_ptr, cache_lens_ptr, b, G)[1]
+    code_len = _code_length(lens_ptr, cache_lens_ptr, b, G, SINKS, WINDOW)[1]
     t_end = tl.minimum(t_begin + tiles_per_split, (code_len + BLOCK_T - 1) // BLOCK_T)
     params = _tile_params(cache, b, h, page, page_idx, t0 - page_idx * page_size, t0, t_begin < t_end, code_len,
                           D, G, BLOCK_T, SCALE_WORDS)
@@ -709,33 +712,49 @@ def _code_partial(
 
 
 @triton.jit
+def _fp_rows(state, q, k_ptr, v_ptr, base, rows, ok, stride_t, qk_scale, D: tl.constexpr, DOT: tl.constexpr):
+    """Attend 16 fp rows (ok: those attended) of one sequence's K and V at base + rows * stride_t."""
+    at = base + rows[:, None] * stride_t + tl.arange(0, D)[None, :]
+    k = tl.load(k_ptr + at, mask=ok[:, None], other=0.0).to(DOT)
+    v = tl.load(v_ptr + at, mask=ok[:, None], other=0.0).to(DOT)
+    qk = tl.dot(q, tl.trans(k)) * qk_scale
+    return _online_update(state[0], state[1], state[2], qk, v, ok)
+
+
+@triton.jit
 def _residual_partial(
     q_ptr, stride_qb, stride_qh, kr_ptr, vr_ptr, stride_r_b, stride_r_h, stride_r_t,
+    ksink_ptr, vsink_ptr, stride_sink_b, stride_sink_h, stride_sink_t,
     mid_o_ptr, mid_lse_ptr, stride_mo_b, stride_mo_h, stride_mo_s, stride_ml_b, stride_ml_h,
-    b, h, split, res_len, qk_scale, GROUP: tl.constexpr, COLS: tl.constexpr, D: tl.constexpr, G: tl.constexpr,
-    INTERPRET: tl.constexpr,
+    b, h, split, part, length, full, qk_scale, GROUP: tl.constexpr, COLS: tl.constexpr, D: tl.constexpr,
+    G: tl.constexpr, SINKS: tl.constexpr, RING: tl.constexpr, WINDOW: tl.constexpr, INTERPRET: tl.constexpr,
 ):
-    """Attend the fp residual window, 16 tokens at a time, and store its partial. The products
-    run in q's dtype on the tensor cores (fp32 in the interpreter, whose bf16 arithmetic is off)."""
+    """Attend part ``part`` of the fp tokens, G rows 16 at a time, and store its partial: part p <
+    SINKS / G the sinks' rows [p G, (p + 1) G), the others G of the ring's positions from
+    max(SINKS, full - WINDOW) to the length (row position % RING) each. The products run in q's
+    dtype on the tensor cores (fp32 in the interpreter, whose bf16 arithmetic is off)."""
     HALF: tl.constexpr = COLS // 2
     DOT: tl.constexpr = tl.float32 if INTERPRET else q_ptr.dtype.element_ty
-    d = tl.arange(0, D)
     MR: tl.constexpr = 16 if HALF < 16 else HALF
     heads = tl.arange(0, MR)
-    q = tl.load(q_ptr + b * stride_qb + (h * GROUP + heads)[:, None] * stride_qh + d[None, :],
+    q = tl.load(q_ptr + b * stride_qb + (h * GROUP + heads)[:, None] * stride_qh + tl.arange(0, D)[None, :],
                 mask=(heads < GROUP)[:, None], other=0.0).to(DOT)
-    m = tl.full([MR], float("-inf"), tl.float32)
-    l = tl.zeros([MR], tl.float32)
-    acc = tl.zeros([MR, D], tl.float32)
-    if res_len > 0:  # the fp window, in fp32, 16 tokens at a time
-        for c in tl.static_range(G // 16):
-            r = c * 16 + tl.arange(0, 16)
-            ok = r < res_len
-            rbase = b * stride_r_b + h * stride_r_h + r[:, None] * stride_r_t + d[None, :]
-            k_res = tl.load(kr_ptr + rbase, mask=ok[:, None], other=0.0).to(DOT)
-            v_res = tl.load(vr_ptr + rbase, mask=ok[:, None], other=0.0).to(DOT)
-            qk = tl.dot(q, tl.trans(k_res)) * qk_scale
-            m, l, acc = _online_update(m, l, acc, qk, v_res, ok)
+    state = (tl.full([MR], float("-inf"), tl.float32), tl.zeros([MR], tl.float32), tl.zeros([MR, D], tl.float32))
+    if part < SINKS // G:
+        first = part * G
+        if first < length:  # the part's first row holds a token: the running max is finite from it on
+            for c in tl.static_range(G // 16):
+                rows = first + c * 16 + tl.arange(0, 16)
+                state = _fp_rows(state, q, ksink_ptr, vsink_ptr, b * stride_sink_b + h * stride_sink_h, rows,
+                                 rows < length, stride_sink_t, qk_scale, D, DOT)
+    else:
+        first = tl.maximum(full - WINDOW, SINKS) + (part - SINKS // G) * G
+        if first < length:
+            for c in tl.static_range(G // 16):
+                pos = first + c * 16 + tl.arange(0, 16)
+                state = _fp_rows(state, q, kr_ptr, vr_ptr, b * stride_r_b + h * stride_r_h, pos % RING,
+                                 pos < length, stride_r_t, qk_scale, D, DOT)
+    m, l, acc = state
     _store_partial(mid_o_ptr, b, h * GROUP + heads, split, stride_mo_b, stride_mo_h, stride_mo_s,
                    acc / tl.where(l > 0.0, l, 1.0)[:, None], 0, heads < GROUP, D)
     _store_lse(mid_lse_ptr, b, h * GROUP + heads, split, stride_ml_b, stride_ml_h, m, l, heads < GROUP)
@@ -749,25 +768,31 @@ def _decode_split_kernel(
     vw_ptr, stride_vw_p, stride_vw_h, stride_vw_t,
     vs_ptr, vz_ptr, stride_vs_p, stride_vs_h, stride_vs_t,
     kr_ptr, vr_ptr, stride_r_b, stride_r_h, stride_r_t,
+    ksink_ptr, vsink_ptr, stride_sink_b, stride_sink_h, stride_sink_t,
     bt_ptr, stride_bt_b, table_cols,
     lens_ptr, cache_lens_ptr,
     mid_o_ptr, mid_lse_ptr, stride_mo_b, stride_mo_h, stride_mo_s, stride_ml_b, stride_ml_h,
     qk_scale, page_size, num_splits, tiles_per_split,
     GROUP: tl.constexpr, QROWS: tl.constexpr, COLS: tl.constexpr, VCOLS: tl.constexpr, D: tl.constexpr,
     G: tl.constexpr, BITS: tl.constexpr, CLASSES: tl.constexpr, SCALE_WORDS: tl.constexpr, BLOCK_T: tl.constexpr,
-    WARPS: tl.constexpr, INTERPRET: tl.constexpr,
+    SINKS: tl.constexpr, RING: tl.constexpr, WARPS: tl.constexpr, INTERPRET: tl.constexpr,
 ):
     """Partial attention of one split of one (sequence, kv head).
 
     q [B, Hq, D] fp16/bf16; k_words, v_words int32 [NP, H, P/BLOCK_T, W] (tiles, kvbits.decode.layout);
-    k_scale/k_zero [NP, H, P/G, D]; v_scale/v_zero [NP, H, P, D/G]; k/v_residual [B, H, G, D];
-    block_table int32 [B, table_cols]; lens, cache_lens int32 [B] (attended length, cache length).
-    Writes mid_o fp32 [B, Hq, splits+1, D] (normalized) and mid_lse fp32 [B, Hq, splits+1]
-    (log2-sum-exp, -inf when the split is empty). Program ``splits`` attends the residual window.
+    k_scale/k_zero [NP, H, P/G, D]; v_scale/v_zero [NP, H, P, D/G]; k/v_residual [B, H, RING, D]
+    (the fp ring: the partial group and a window of RING - G tokens before it); k/v_sink [B, H,
+    SINKS, D] (the first tokens in fp; any pointer when SINKS = 0); block_table int32 [B,
+    table_cols]; lens, cache_lens int32 [B] (attended length, cache length). Codes are attended
+    from SINKS (a multiple of BLOCK_T) on (_code_length). Writes mid_o fp32 [B, Hq, splits+parts, D]
+    (normalized) and mid_lse fp32 [B, Hq, splits+parts] (log2-sum-exp, -inf when the split is
+    empty). Programs ``splits`` on attend the fp tokens, G rows each: (SINKS + RING) / G parts
+    (_residual_partial).
     GROUP = Hq / Hkv; QROWS = fold_rows(GROUP); COLS = mma_columns(GROUP); VCOLS = weight_columns(GROUP);
     CLASSES = code_classes(BLOCK_T);
     SCALE_WORDS = scale_words(view) (16-bit scales and zeros loaded as 32-bit words, _tile_params).
     """
+    WINDOW: tl.constexpr = RING - G
     split = tl.program_id(0)
     h = tl.program_id(1)
     b = tl.program_id(2).to(tl.int64)
@@ -778,13 +803,14 @@ def _decode_split_kernel(
             vs_ptr, vz_ptr, stride_vs_p, stride_vs_h, stride_vs_t, bt_ptr, stride_bt_b,
             mid_o_ptr, mid_lse_ptr, stride_mo_b, stride_mo_h, stride_mo_s, stride_ml_b, stride_ml_h,
             b, h, split, lens_ptr, cache_lens_ptr, qk_scale, page_size, tiles_per_split, table_cols,
-            GROUP, QROWS, COLS, VCOLS, D, G, BITS, CLASSES, SCALE_WORDS, BLOCK_T, WARPS, INTERPRET)
+            GROUP, QROWS, COLS, VCOLS, D, G, BITS, CLASSES, SCALE_WORDS, BLOCK_T, SINKS, WINDOW, WARPS, INTERPRET)
     else:
-        length, code_len = _code_length(lens_ptr, cache_lens_ptr, b, G)
+        length, _, full = _code_length(lens_ptr, cache_lens_ptr, b, G, SINKS, WINDOW)
         _residual_partial(
             q_ptr, stride_qb, stride_qh, kr_ptr, vr_ptr, stride_r_b, stride_r_h, stride_r_t,
+            ksink_ptr, vsink_ptr, stride_sink_b, stride_sink_h, stride_sink_t,
             mid_o_ptr, mid_lse_ptr, stride_mo_b, stride_mo_h, stride_mo_s, stride_ml_b, stride_ml_h,
-            b, h, split, length - code_len, qk_scale, GROUP, COLS, D, G, INTERPRET)
+            b, h, split, split - num_splits, length, full, qk_scale, GROUP, COLS, D, G, SINKS, RING, WINDOW, INTERPRET)
 
 
 @triton.jit

@@ -3,7 +3,7 @@ argument and constexpr, and the specializations compiled ahead of time (docs/des
 
 The number of splits comes from the shape (split_count): one wave of split programs, every one
 resident from the start, while its splits stay within MAX_SPLIT_TILES tiles, else whole waves
-(the residual-window programs, one per sequence and kv head and short, come on top).
+(the fp-token programs, fp_parts per sequence and kv head and short, come on top).
 """
 
 from __future__ import annotations
@@ -80,8 +80,8 @@ def split_count(pairs: int, tiles: int, slots: int) -> int:
     holding ``slots`` programs at once: one wave (every split program resident from the start)
     while its splits stay within MAX_SPLIT_TILES tiles, else the fewest whole waves whose splits
     do. Whole waves: the split programs never exceed a multiple of the slots by a few, which
-    would leave those few running alone at the end (the short residual-window programs, one per
-    pair, are not counted)."""
+    would leave those few running alone at the end (the short fp-token programs: the first per
+    pair is not counted, _split_target counts the others)."""
     shortest = -(-tiles // MAX_SPLIT_TILES)  # fewest splits that keep each within the limit
     one_wave = slots // pairs
     if one_wave >= shortest:
@@ -90,35 +90,44 @@ def split_count(pairs: int, tiles: int, slots: int) -> int:
     return max(shortest, waves * slots // pairs)
 
 
-def _split_target(pairs: int, tiles: int, warps: int, device: torch.device) -> int:
-    """Splits to aim for: split_count on a GPU (or SPLIT_PROGRAMS_PER_SM per SM when set); a few
-    programs in the interpreter, which pays per program."""
+def _split_target(pairs: int, tiles: int, warps: int, device: torch.device, parts: int) -> int:
+    """Splits to aim for: split_count on a GPU (or SPLIT_PROGRAMS_PER_SM per SM when set) over the
+    slots the ``parts`` fp-token programs per pair beyond the first leave; a few programs in the
+    interpreter, which pays per program."""
     if device.type != "cuda":
         return -(-4 // pairs)
     if SPLIT_PROGRAMS_PER_SM:
         return -(-SPLIT_PROGRAMS_PER_SM * sm_count(device) // pairs)
-    return split_count(pairs, tiles, resident_programs(warps) * sm_count(device))
+    slots = resident_programs(warps) * sm_count(device)
+    return split_count(pairs, tiles, max(pairs, slots - (parts - 1) * pairs))
 
 
 def split_plan(batch: int, kv_heads: int, max_code_len: int, block_t: int, device: torch.device,
-               num_splits: int | None = None, warps: int = 1) -> tuple[int, int]:
-    """(splits, tiles per split) of the batch * kv_heads (sequence, kv head) pairs' code tiles."""
+               num_splits: int | None = None, warps: int = 1, parts: int = 1) -> tuple[int, int]:
+    """(splits, tiles per split) of the batch * kv_heads (sequence, kv head) pairs' code tiles,
+    beside ``parts`` fp-token programs per pair (fp_parts)."""
     tiles = -(-max_code_len // block_t)
     if tiles == 0:
         return 0, 1
     if num_splits is None:
-        num_splits = _split_target(batch * kv_heads, tiles, warps, device)
+        num_splits = _split_target(batch * kv_heads, tiles, warps, device, parts)
     num_splits = max(1, min(tiles, num_splits))
     per = -(-tiles // num_splits)
     return -(-tiles // per), per
 
 
-def partial_buffers(batch: int, q_heads: int, d: int, splits: int, device) -> tuple[torch.Tensor, torch.Tensor]:
-    """The split kernel's outputs for ``splits`` code splits and the residual window: mid_o fp32
-    [B, Hq, splits + 1, D] and mid_lse fp32 [B, Hq, splits + 1] (NaN in the interpreter, so that a
-    partial never written shows)."""
-    mid_o = torch.empty(batch, q_heads, splits + 1, d, dtype=torch.float32, device=device)
-    mid_lse = torch.empty(batch, q_heads, splits + 1, dtype=torch.float32, device=device)
+def fp_parts(view: PagedQuantizedKV) -> int:
+    """Programs per (sequence, kv head) that attend its fp tokens, a group's rows each: the sinks'
+    groups and the ring's (a program over all of them would outlast the code splits)."""
+    return (view.sinks + view.ring) // view.group_size
+
+
+def partial_buffers(batch: int, q_heads: int, d: int, parts: int, device) -> tuple[torch.Tensor, torch.Tensor]:
+    """The split kernel's outputs for ``parts`` partials (code splits and fp parts): mid_o fp32
+    [B, Hq, parts, D] and mid_lse fp32 [B, Hq, parts] (NaN in the interpreter, so that a partial
+    never written shows)."""
+    mid_o = torch.empty(batch, q_heads, parts, d, dtype=torch.float32, device=device)
+    mid_lse = torch.empty(batch, q_heads, parts, dtype=torch.float32, device=device)
     if triton_interpreted():
         mid_o.fill_(float("nan"))
         mid_lse.fill_(float("nan"))
@@ -130,12 +139,15 @@ def split_launch(view: PagedQuantizedKV, group: int, lens: torch.Tensor, cache_l
     """(grid, arguments after q and its two strides, constexpr and launch options) of
     _decode_split_kernel over ``view`` for ``group`` query heads per kv head."""
     kr, vr = view.k_residual, view.v_residual
+    # without sinks the kernel reads no sink row: the ring stands in for their pointers
+    ksink, vsink = (view.k_sink, view.v_sink) if view.sinks else (kr, vr)
     args = (
         view.k_words, *view.k_words.stride()[:3],
         view.k_scale, view.k_zero, *view.k_scale.stride()[:3],
         view.v_words, *view.v_words.stride()[:3],
         view.v_scale, view.v_zero, *view.v_scale.stride()[:3],
         kr, vr, *kr.stride()[:3],
+        ksink, vsink, *ksink.stride()[:3],
         view.block_table, view.block_table.stride(0), view.block_table.shape[1],
         lens, cache_lens,
         mid_o, mid_lse, *mid_o.stride()[:3], *mid_lse.stride()[:2],
@@ -144,10 +156,10 @@ def split_launch(view: PagedQuantizedKV, group: int, lens: torch.Tensor, cache_l
     options = dict(
         GROUP=group, QROWS=fold_rows(group), COLS=mma_columns(group), VCOLS=weight_columns(group), D=view.head_dim,
         G=view.group_size, BITS=view.bits, CLASSES=code_classes(view.tile), SCALE_WORDS=scale_words(view),
-        BLOCK_T=view.tile, WARPS=view.warps, INTERPRET=triton_interpreted(),
+        BLOCK_T=view.tile, SINKS=view.sinks, RING=view.ring, WARPS=view.warps, INTERPRET=triton_interpreted(),
         num_warps=view.warps, num_stages=NUM_STAGES, **({"maxnreg": MAX_REGISTERS} if MAX_REGISTERS else {}),
     )
-    return (splits + 1, view.heads, mid_o.shape[0]), args, options
+    return (splits + fp_parts(view), view.heads, mid_o.shape[0]), args, options
 
 
 def merge_launch(mid_o: torch.Tensor, mid_lse: torch.Tensor, out_strides: tuple[int, int]):
@@ -169,6 +181,8 @@ def _split_signature(q_type: str, res_type: str, scale_type: str) -> dict:
            "vs_ptr": scale_type, "vz_ptr": scale_type, "stride_vs_p": "i64", "stride_vs_h": "i32",
            "stride_vs_t": "i32",
            "kr_ptr": res_type, "vr_ptr": res_type, "stride_r_b": "i32", "stride_r_h": "i32", "stride_r_t": "i32",
+           "ksink_ptr": res_type, "vsink_ptr": res_type, "stride_sink_b": "i32", "stride_sink_h": "i32",
+           "stride_sink_t": "i32",
            "bt_ptr": "*i32", "stride_bt_b": "i32", "table_cols": "i32", "lens_ptr": "*i32", "cache_lens_ptr": "*i32",
            "mid_o_ptr": "*fp32", "mid_lse_ptr": "*fp32", "stride_mo_b": "i32", "stride_mo_h": "i32",
            "stride_mo_s": "i32", "stride_ml_b": "i32", "stride_ml_h": "i32",
@@ -181,21 +195,25 @@ def _split_signature(q_type: str, res_type: str, scale_type: str) -> dict:
 # specializes them, so the AOT build is the kernel that runs.
 _SPLIT_MULTIPLES = ("stride_qb", "stride_qh", "stride_kw_p", "stride_kw_h", "stride_kw_t", "stride_ks_p",
                     "stride_ks_h", "stride_ks_g", "stride_vw_p", "stride_vw_h", "stride_vw_t", "stride_vs_p",
-                    "stride_vs_h", "stride_r_b", "stride_r_h", "stride_r_t", "stride_mo_b", "stride_mo_h",
+                    "stride_vs_h", "stride_r_b", "stride_r_h", "stride_r_t", "stride_sink_b", "stride_sink_h",
+                    "stride_sink_t", "stride_mo_b", "stride_mo_h",
                     "stride_mo_s", "page_size")
 
 
 def split_spec(dtype: str = "fp16", d: int = 128, bits: int = 3, g: int = 64, group: int = 1,
-               tile: int | None = None, warps: int | None = None) -> AotSpec:
-    """One specialization of the split kernel (default layout for d and g), for AOT compilation."""
+               tile: int | None = None, warps: int | None = None, sinks: int = 0, window: int = 0) -> AotSpec:
+    """One specialization of the split kernel (default layout for d and g; ``sinks`` and
+    ``window`` fp tokens), for AOT compilation."""
     if tile is None or warps is None:
         tile, warps = default_layout(d, g)
+    fp = f"_s{sinks}r{g + window}" if sinks or window else ""
     return AotSpec(
-        f"decode_split_{dtype}_d{d}_b{bits}_g{g}_gqa{group}_t{tile}w{warps}", _decode_split_kernel,
+        f"decode_split_{dtype}_d{d}_b{bits}_g{g}_gqa{group}_t{tile}w{warps}{fp}", _decode_split_kernel,
         _split_signature(f"*{dtype}", f"*{dtype}", "*fp16"),
         {"GROUP": group, "QROWS": fold_rows(group), "COLS": mma_columns(group), "VCOLS": weight_columns(group),
          "D": d, "G": g, "BITS": bits,
-         "CLASSES": code_classes(tile), "SCALE_WORDS": d // g == 2, "BLOCK_T": tile, "WARPS": warps, "INTERPRET": False},
+         "CLASSES": code_classes(tile), "SCALE_WORDS": d // g == 2, "BLOCK_T": tile, "SINKS": sinks, "RING": g + window,
+         "WARPS": warps, "INTERPRET": False},
         num_warps=warps, num_stages=NUM_STAGES, divisible_ints=_SPLIT_MULTIPLES, maxnreg=MAX_REGISTERS,
     )
 
@@ -205,7 +223,7 @@ def _aot_specs() -> list[AotSpec]:
         {}, {"group": 8}, {"d": 64}, {"d": 256, "g": 128}, {"bits": 2}, {"bits": 4}, {"d": 64, "g": 32},
         {"dtype": "bf16", "group": 4}, {"tile": 64, "warps": 2}, {"tile": 64, "warps": 4},
         {"tile": 16, "warps": 1}, {"d": 64, "g": 32, "tile": 16, "warps": 1}, {"d": 256, "g": 64},
-        {"g": 32},
+        {"g": 32}, {"sinks": 64, "window": 128}, {"group": 8, "sinks": 64, "window": 128},
     )]
     for dtype in ("fp16", "bf16"):
         specs.append(AotSpec(

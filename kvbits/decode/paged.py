@@ -12,10 +12,21 @@ W = t * D * bits / 32 words per tile::
     v_words   int32 [NP, H, P/t, W]             V tiles [D, t tokens]
     v_scale   sdt   [NP, H, P, D/G]             V per token, groups of G channels
     v_zero    sdt   [NP, H, P, D/G]
-    k_residual, v_residual  dt [B, H, G, D]     the unquantized window, per sequence
+    k_residual, v_residual  dt [B, H, R, D]     the fp ring, per sequence: token t at row t % R
+    k_sink, v_sink  dt [B, H, S, D] or None     the first S tokens of each sequence in fp
     block_table int32 [B, max_pages]            token t of sequence i: page
                                                 block_table[i, t // P], row t % P
     seq_lens  int32 [B]
+
+**Full-precision tokens** (KVQuant's and KIVI's attention sinks and recent window). The pages
+hold every complete group of G tokens, codes of the sequence from its first token on. The decode
+reads from codes only the positions [S, end) with ``end = max(S, min(length, full - W))``
+(:func:`code_end`; full = the tokens in whole groups, W = R - G the window): the first S
+positions (the sinks) come from ``k_sink``/``v_sink``, and the positions from ``max(S, full -
+W)`` to the length from the ring, which holds the last R tokens appended: the partial group and
+the W tokens before it. With S = 0 and R = G (no sinks, no window) the ring is the partial group
+alone. S and W are multiples of G. Only :class:`~kvbits.decode.cache.PagedKVCache` keeps sinks
+and a window (their fp values are not part of the contiguous format, which holds the codes).
 
 A contiguous :class:`QuantizedKV` is the special case of one page per sequence
 (``page_size`` = the capacity, block table ``[[0], [1], ...]``); when the capacity
@@ -60,10 +71,27 @@ class PagedQuantizedKV(CacheLengths):
     v_residual: torch.Tensor
     block_table: torch.Tensor
     seq_lens: torch.Tensor
+    k_sink: torch.Tensor | None = None
+    v_sink: torch.Tensor | None = None
 
     @property
     def batch(self) -> int:
         return self.block_table.shape[0]
+
+    @property
+    def sinks(self) -> int:
+        """The first tokens of each sequence attended from their fp values (k_sink, v_sink)."""
+        return 0 if self.k_sink is None else self.k_sink.shape[2]
+
+    @property
+    def ring(self) -> int:
+        """Rows of the fp ring (k_residual, v_residual): the window and the partial group."""
+        return self.k_residual.shape[2]
+
+    @property
+    def window(self) -> int:
+        """Tokens of whole groups before the partial group attended from the ring (R - G)."""
+        return self.ring - self.group_size
 
     @property
     def heads(self) -> int:
@@ -77,17 +105,40 @@ class PagedQuantizedKV(CacheLengths):
     def device(self) -> torch.device:
         return self.k_words.device
 
+    def code_end(self, seq_lens: torch.Tensor | None = None) -> torch.Tensor:
+        """int32 [B]: the end of the positions attended from codes for ``seq_lens`` (default the
+        cache's), which begin at the sinks (module docstring)."""
+        lens = self.seq_lens if seq_lens is None else seq_lens.to(self.seq_lens.device)
+        return code_end(lens, self.seq_lens, self.group_size, self.sinks, self.window)
+
     def read_bytes(self, seq_lens: torch.Tensor | None = None) -> int:
         """Fewest bytes a decode step must read from this cache: codes, scales and zeros of
-        every quantized token, and the used residual rows (q and the output excluded)."""
+        every token attended from codes, and the fp rows attended (q and the output excluded)."""
         lens = self.seq_lens if seq_lens is None else seq_lens
-        qlen = torch.minimum(lens, self.quantized_lens()).to(torch.int64)
-        rlen = lens.to(torch.int64) - qlen
+        qlen = (self.code_end(lens) - self.sinks).clamp(min=0).to(torch.int64)
+        rlen = lens.to(self.seq_lens.device).to(torch.int64) - qlen
         d, g, h = self.head_dim, self.group_size, self.heads
         sdt = self.k_scale.element_size()
         per_token = 2 * d * self.bits / 8 + 2 * sdt * (d / g) + 2 * sdt * (d / g)
         residual = 2 * d * self.k_residual.element_size()
         return int(h * (per_token * int(qlen.sum()) + residual * int(rlen.sum())))
+
+
+def code_end(lens: torch.Tensor, cached: torch.Tensor, group_size: int, sinks: int, window: int) -> torch.Tensor:
+    """The end of the positions attended from codes, ``max(sinks, min(lens, full - window))`` with
+    ``full = cached // G * G`` (the kernel's _code_length), for lengths attended ``lens`` of caches
+    holding ``cached`` tokens."""
+    full = cached // group_size * group_size
+    return torch.clamp(torch.minimum(lens.to(full.dtype), full - window), min=sinks)
+
+
+def ring_groups(residual: torch.Tensor, seq_lens: torch.Tensor, group_size: int) -> torch.Tensor:
+    """[B, H, G, D]: each sequence's partial group (positions full .. full + G - 1, full = its
+    tokens in whole groups) gathered from its ring ``residual`` [B, H, R, D] (row t % R)."""
+    b, h, ring, d = residual.shape
+    full = (seq_lens.to(torch.int64) // group_size * group_size).to(residual.device)
+    slots = (full[:, None] + torch.arange(group_size, device=residual.device)) % ring  # [B, G]
+    return residual.gather(2, slots[:, None, :, None].expand(b, h, group_size, d))
 
 
 def _require_page_size(page_size: int, group_size: int, tile: int) -> None:
@@ -195,7 +246,9 @@ def paged_from_contiguous(
 
 
 def paged_to_contiguous(paged: PagedQuantizedKV) -> QuantizedKV:
-    """The inverse of :func:`paged_from_contiguous`: capacity = pages per sequence x page_size."""
+    """The inverse of :func:`paged_from_contiguous`: capacity = pages per sequence x page_size. Of
+    a paged cache with sinks or a window, the codes of every complete group and the partial group
+    (the contiguous format keeps no other fp tokens)."""
     if not isinstance(paged, PagedQuantizedKV):
         raise TypeError(f"paged must be a PagedQuantizedKV; got {type(paged).__name__}")
     b, per_seq = paged.block_table.shape
@@ -216,8 +269,8 @@ def paged_to_contiguous(paged: PagedQuantizedKV) -> QuantizedKV:
         v_codes=codes_from_words(gather(paged.v_words), paged.bits, "v", d, paged.tile, paged.warps),
         v_scale=gather(paged.v_scale),
         v_zero=gather(paged.v_zero),
-        k_residual=paged.k_residual.clone(),
-        v_residual=paged.v_residual.clone(),
+        k_residual=ring_groups(paged.k_residual, paged.seq_lens, paged.group_size),
+        v_residual=ring_groups(paged.v_residual, paged.seq_lens, paged.group_size),
         seq_lens=paged.seq_lens.clone(),
     )
 

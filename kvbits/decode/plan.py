@@ -24,7 +24,7 @@ from .._runtime import on_device
 from .checks import Q_DTYPES, check_num_splits, check_scale_range, check_served, check_sm_scale
 from .direct_launch import Launch, specialization
 from .kernel import _decode_merge_kernel, _decode_split_kernel
-from .launch import merge_launch, partial_buffers, split_launch, split_plan
+from .launch import fp_parts, merge_launch, partial_buffers, split_launch, split_plan
 from .paged import PagedQuantizedKV
 
 
@@ -56,8 +56,10 @@ class DecodePlan:
         batch, device = view.block_table.shape[0], view.k_words.device
         self.shape = (batch, q_heads, d)
         g = view.group_size
-        self.splits, per = split_plan(batch, view.heads, max_len // g * g, view.tile, device, num_splits, view.warps)
-        self.mid_o, self.mid_lse = partial_buffers(batch, q_heads, d, self.splits, device)
+        code_tokens = max(0, max_len // g * g - view.window - view.sinks)  # codes are attended between them
+        self.splits, per = split_plan(batch, view.heads, code_tokens, view.tile, device, num_splits, view.warps,
+                                      fp_parts(view))
+        self.mid_o, self.mid_lse = partial_buffers(batch, q_heads, d, self.splits + fp_parts(view), device)
         grid, args, options = split_launch(view, q_heads // view.heads, view.seq_lens, view.seq_lens, self.mid_o,
                                            self.mid_lse, sm_scale, self.splits, per)
         self._split = Launch(_decode_split_kernel, grid, args, options)

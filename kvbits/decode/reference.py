@@ -41,18 +41,35 @@ def _contiguous(cache) -> QuantizedKV:
     return paged_to_contiguous(cache) if isinstance(cache, PagedQuantizedKV) else cache
 
 
+def held_kv(cache, dtype: torch.dtype = torch.float32) -> tuple[torch.Tensor, torch.Tensor]:
+    """(k, v) [B, H, max(seq_lens), D] as the decode attends them: each position's dequantized
+    codes, or its fp value where a paged cache keeps one (the sinks, and the ring from
+    ``max(sinks, full - window)`` on; kvbits.decode.paged); zero past each length."""
+    k_hat, v_hat = dequantize_kv(_contiguous(cache), dtype=dtype)
+    if isinstance(cache, PagedQuantizedKV) and (cache.sinks or cache.window):
+        g, ring = cache.group_size, cache.ring
+        for i, n in enumerate(cache.seq_lens.tolist()):
+            full = n // g * g
+            sinks = min(cache.sinks, n)
+            window = torch.arange(min(max(cache.sinks, full - cache.window), full), full, device=k_hat.device)
+            for out, sink, residual in ((k_hat, cache.k_sink, cache.k_residual), (v_hat, cache.v_sink, cache.v_residual)):
+                out[i, :, :sinks] = sink[i, :, :sinks].to(dtype)
+                out[i, :, window] = residual[i, :, window % ring].to(dtype)
+    return k_hat, v_hat
+
+
 def reference_decode(
     q: torch.Tensor, cache, *, seq_lens: torch.Tensor | None = None, sm_scale: float | None = None,
     dtype: torch.dtype = torch.float64,
 ) -> torch.Tensor:
-    """Attention of q over the dequantized cache, computed in ``dtype`` (float64 by default).
+    """Attention of q over the cache as the decode reads it (:func:`held_kv`), computed in
+    ``dtype`` (float64 by default).
 
     The dequantized values ``(code - zero) * scale`` are exact in fp32 for fp16 scales,
     so in float64 this is the exact answer the fused kernel approximates.
     """
-    qkv = _contiguous(cache)
-    lens = qkv.seq_lens if seq_lens is None else seq_lens
+    lens = cache.seq_lens if seq_lens is None else seq_lens
     if sm_scale is None:
         sm_scale = 1.0 / math.sqrt(q.shape[-1])
-    k_hat, v_hat = dequantize_kv(qkv, dtype=torch.float32)
+    k_hat, v_hat = held_kv(cache)
     return attention_reference(q, k_hat, v_hat, lens, sm_scale, dtype)

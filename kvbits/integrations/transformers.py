@@ -61,6 +61,8 @@ class _Settings:
     page_size: int
     dtype: torch.dtype | None
     backend: str | None
+    sinks: int
+    window: int
 
 
 class KVBitsStep:
@@ -142,7 +144,7 @@ class KVBitsLayer(CacheLayerMixin):
         pages = -(-s.max_cache_len // s.page_size)
         paged = PagedKVCache(num_pages=batch * pages, page_size=s.page_size, heads=heads, head_dim=head_dim,
                              max_seqs=batch, max_pages_per_seq=pages, bits=s.bits, group_size=s.group_size,
-                             dtype=dtype, device=keys.device)
+                             dtype=dtype, device=keys.device, sinks=s.sinks, window=s.window)
         kept = _kept_tokens(attention_mask, batch, tokens)
         for row in range(batch):  # row order: the cache's rows follow the batch's
             k, v = keys[row], values[row]
@@ -216,14 +218,17 @@ class KVBitsCache(Cache):
     float32). backend: "torch" or "triton" for appends and the decode, None as PagedKVCache
     picks (the fused kernel on a GPU, torch on CPU).
 
-    Residual window: each sequence's last ``length % group_size`` tokens stay unquantized in
-    the cache's dtype until their group completes, so the window is always shorter than
-    group_size tokens (fixed by the cache's design, not configurable: QuantizedCache's
-    ``residual_length`` has no counterpart here).
+    Full-precision tokens (PagedKVCache's ``sinks`` and ``window``): each row's first ``sinks``
+    positions and its newest ones (the partial group and the ``window`` positions before it) are
+    attended in the cache's dtype, the rest from codes; multiples of group_size, by default 64
+    and 128 rounded up to whole groups (``sinks=0, window=0``: only the partial group). The
+    window plays the part of QuantizedCache's ``residual_length``, though the codes of every
+    complete group are stored at once.
     """
 
     def __init__(self, config: PreTrainedConfig, *, max_cache_len: int, bits: int = 3, group_size: int = 64,
-                 page_size: int | None = None, dtype: torch.dtype | None = None, backend: str | None = None):
+                 page_size: int | None = None, dtype: torch.dtype | None = None, backend: str | None = None,
+                 sinks: int | None = None, window: int | None = None):
         head_dim, layers = _served_layers(config)
         require_int("max_cache_len", max_cache_len)
         if max_cache_len <= 0:
@@ -240,9 +245,9 @@ class KVBitsCache(Cache):
             raise ValueError(f"backend must be None or one of {BACKENDS}; got {backend!r}")
         # a one-page pool runs the pool's own checks (page size against the tile, the decode's
         # arrangement for head_dim) now rather than at the prompt's step
-        PagedKVCache(num_pages=1, page_size=page_size, heads=1, head_dim=head_dim, max_seqs=1, bits=bits,
-                     group_size=group_size, dtype=dtype or torch.float16)
-        settings = _Settings(max_cache_len, bits, group_size, page_size, dtype, backend)
+        probe = PagedKVCache(num_pages=1, page_size=page_size, heads=1, head_dim=head_dim, max_seqs=1, bits=bits,
+                             group_size=group_size, dtype=dtype or torch.float16, sinks=sinks, window=window)
+        settings = _Settings(max_cache_len, bits, group_size, page_size, dtype, backend, probe.sinks, probe.window)
         super().__init__(layers=[KVBitsLayer(i, settings) for i in range(layers)])
 
     def nbytes(self) -> int:
