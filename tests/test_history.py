@@ -196,6 +196,18 @@ def test_the_pipeline_records_its_runs_and_survives_a_broken_history(tmp_path, c
     assert "not a readable SQLite database" in said and "this run is not in it" in said
 
 
+def test_cpu_runs_enter_the_history_when_asked():
+    """GPU runs of gpu_verify and bench are kept by default; any run, on CPU too, with --history."""
+    from harness.run.pipeline import build_parser, kept_in_history
+
+    args, extra = build_parser().parse_known_args(["verify", "--history", "-k", "pack"])
+    assert args.history and extra == ["-k", "pack"]
+    assert not build_parser().parse_known_args(["tests"])[0].history
+    assert kept_in_history("verify", False, True) and kept_in_history("tests", False, True)
+    assert not kept_in_history("verify", False, False) and not kept_in_history("tests", True, False)
+    assert kept_in_history("gpu_verify", True, False) and kept_in_history("bench", True, False)
+
+
 def test_a_run_directory_reused_by_the_next_run_is_a_new_run(tmp_path):
     """A pipeline writes every run of a kind and leg into the same directory (same run id): each
     run is kept, told apart by its start."""

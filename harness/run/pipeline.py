@@ -143,7 +143,13 @@ def all_run_dirs(reports_dir: str) -> list[str]:
     return sorted(d for kind in commands.KINDS for d in family_run_dirs(kind, reports_dir))
 
 
-HISTORY_KINDS = ("gpu_verify", "bench")  # the GPU runs kept in the run history (harness.history)
+HISTORY_KINDS = ("gpu_verify", "bench")  # the GPU runs kept in the run history (harness.history) unless --history
+
+
+def kept_in_history(kind: str, gpu: bool, asked: bool) -> bool:
+    """Whether a pipeline run of ``kind`` goes into the run history: GPU runs of HISTORY_KINDS, and
+    any run (CPU ones included) when ``--history`` asked."""
+    return asked or (gpu and kind in HISTORY_KINDS)
 
 
 def record_history(run_dirs: Sequence[str], path: Path | None = None) -> list[str]:
@@ -287,6 +293,9 @@ def build_parser() -> argparse.ArgumentParser:
                         help="pytest-xdist workers pinned to each GPU (default: the host's cores / 2 "
                              f"shared over the GPUs, at most {commands.MAX_WORKERS_PER_GPU})")
     parser.add_argument("--no-bench", action="store_true", help="skip the benchmarks on a GPU")
+    parser.add_argument("--history", action="store_true",
+                        help="add this run to the run history (python -m harness.history; its trend charts) on "
+                             "any machine, CPU runs included; GPU runs of gpu_verify and bench are added without it")
     parser.add_argument("--timeout", type=int, default=commands.DEFAULT_TIMEOUT_S,
                         help="per-test timeout in seconds when pytest-timeout is installed (0: none)")
     return parser
@@ -378,7 +387,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                  "(--baseline or $KVH_BASELINE names one); no regression is checked")
         failed |= render(family_run_dirs(args.kind, args.reports_dir), args.reports_dir, baseline,
                          timings, python, steps=str(steps_file), family=args.kind) != 0
-        if gpus and args.kind in HISTORY_KINDS:
+        if kept_in_history(args.kind, bool(gpus), args.history):
             record_history(family_run_dirs(args.kind, args.reports_dir))
         wall = write_steps()
         _print_table(timings, wall)
