@@ -193,3 +193,37 @@ def write_history(path: Path, root: Path, *, leg: str = "torch2.11-triton3.6", r
         dirs.append(run_dir)
     history.add_runs(dirs, Path(path))
     return dirs
+
+
+# What the suites' bad inputs raise, as a full catalogue has them: parametrized case ids and
+# messages that name the accepted values (the page must keep both readable, printed too).
+CATALOGUE_INPUTS = (
+    ("ValueError", "{name}: the last dimension {n} is not a multiple of the group size 32; pad it or pass "
+                   "group_size=None"),
+    ("TypeError", "{name} must have dtype float16, bfloat16 or float32; got torch.int{n}"),
+    ("ValueError", "{name} contains NaN or Inf in group(s) [{n}, {m}]; quantization needs finite values"),
+    ("ValueError", "variant must be one of ('torch', 'cpu_baseline', 'naive', 'tiled', 'coarsened', 'vectorized', "
+                   "'triton'); got '{name}-{n}'"),
+    ("torch.OutOfMemoryError", "seq_id {n} needs {m} more pages than the {name} pool holds (capacity "
+                               "{n}{m} pages of 16 tokens)"),
+)
+
+
+def catalogue_records(device: str, *, per_suite: int = 40) -> list[Record]:
+    """``per_suite`` distinct bad inputs in each of four suites, with the long ids and messages of a
+    real catalogue, and three suites of passing cases (a few hundred rows none of which failed)."""
+    out = []
+    for suite in ("affine_bad_input", "page_cache", "decode_bad_input", "transformers_cache"):
+        for i in range(per_suite):
+            etype, message = CATALOGUE_INPUTS[i % len(CATALOGUE_INPUTS)]
+            name = ("k", "v", "residual_k", "block_table")[i % 4]
+            case = f"test_bad_input_is_rejected_and_the_cache_unchanged[{name}-{suite}-case-{i}-{device}-triton]"
+            out.append(rec(suite, case, backend="triton", device=device, metrics={
+                "error_type": etype, "error_message": message.format(name=name, n=i + 3, m=2 * i + 5)}))
+    for suite in ("widths", "streaming", "decode_layout"):
+        for i in range(120):
+            out.append(rec(suite, f"test_round_trip_keeps_every_value[{suite}-G{32 << i % 3}-S{i}-{device}]",
+                           backend="triton", variant=f"G{32 << i % 3}", device=device, duration_s=0.01,
+                           metrics={"states_checked": 4096 + i, "bit_errors": 0, "max_abs_err": 1e-3 + i * 1e-6,
+                                    "err_to_tol": 0.5 + i / 400}))
+    return out

@@ -1,7 +1,8 @@
 """The rendered page in a real headless chromium: it renders its matrix and charts, the page
 itself requests nothing from the network (checked in chromium's own net log), its wide tables fit a
-1280 px window and every chart keeps its legends and labels inside its image (measured by a script
-run on a copy of the page, since the page itself allows none)."""
+1280 px window, it never scrolls sideways in a 400 px one, every chart keeps its legends and labels
+inside its image (measured by a script run on a copy of the page, since the page itself allows none)
+and printed, it keeps every column of the bad-input catalogue in a few pages (read from the PDF)."""
 
 from __future__ import annotations
 
@@ -9,12 +10,17 @@ import base64
 import json
 import re
 import subprocess
-from html import unescape
+import unicodedata
+import zlib
+from html import escape, unescape
 from html.parser import HTMLParser
 
 import numpy as np
+import pytest
 from matplotlib import image as mpimg
+from synthetic import catalogue_records, env_for, write_legs, write_run
 
+from harness.report import load_results, render_html, summarize, write_html
 from harness.report.charts import PALETTE
 
 FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
@@ -123,7 +129,7 @@ function reach(selector) {
   return Math.max(...[table, ...table.querySelectorAll("*")].map(e => e.getBoundingClientRect().right));
 }
 const out = {viewport: document.documentElement.clientWidth, closed: {}, open: {}};
-const tables = ["table.failing", "table.env"];
+const tables = ["table.failing", "table.env", "table.bad-input"];
 for (const t of tables) out.closed[t] = reach(t);
 document.querySelectorAll("details").forEach(d => d.open = true);
 for (const t of tables) out.open[t] = reach(t);
@@ -168,7 +174,7 @@ def _scripted(html: str, script: str) -> str:
     return html.replace("</body>", script + "</body>")
 
 
-def test_not_passing_and_environment_tables_fit_a_1280_px_window(rendered, chromium, tmp_path):
+def test_not_passing_environment_and_bad_input_tables_fit_a_1280_px_window(rendered, chromium, tmp_path):
     measured = _measured(chromium, tmp_path, "tables", _scripted(rendered["html"], MEASURE_TABLES))
     assert measured["viewport"] == VIEWPORT
     for state in ("closed", "open"):  # folded values and failure messages unfolded too
@@ -216,3 +222,150 @@ def test_the_chart_check_catches_a_note_drawn_below_the_figure(chromium, tmp_pat
     page = f'<div class="ftitle">clipped</div><img src="{figure_uri(fig)}">'
     measured = _measured(chromium, tmp_path, "control-charts", _inline_charts(page))
     assert [item[1] for item in measured["outside"]] == ["a note below the figure"]
+
+
+NARROW = 400
+# The page laid out 400 px wide, with every <details> closed and then open: the widths its document
+# scrolls over and where its images end. Chromium's headless window is never narrower than 500 px,
+# so the page is a 400 px frame's document (srcdoc: same origin, so the script beside it can measure).
+MEASURE_NARROW = """<script>
+const frame = document.getElementById("narrow");
+frame.addEventListener("load", () => {
+  const doc = frame.contentDocument, root = doc.documentElement;
+  const widths = () => ({viewport: root.clientWidth, scroll: root.scrollWidth,
+                         images: Math.max(0, ...[...doc.images].map(img => img.getBoundingClientRect().right))});
+  const out = {closed: widths()};
+  doc.querySelectorAll("details").forEach(d => d.open = true);
+  out.open = widths();
+  const pre = document.createElement("pre"); pre.id = "measured"; pre.textContent = JSON.stringify(out);
+  document.body.appendChild(pre);
+});
+</script>"""
+
+
+def _framed(html: str, width: int) -> str:
+    return (f'<!DOCTYPE html><html><body style="margin: 0"><iframe id="narrow" style="border: 0; width: {width}px; '
+            f'height: 900px" srcdoc="{escape(html, quote=True)}"></iframe>{MEASURE_NARROW}</body></html>')
+
+
+def test_a_400_px_window_never_scrolls_sideways(rendered, chromium, tmp_path):
+    """Tables wrap or scroll inside their own box; charts, the error chart's second panel and legend
+    among them, shrink to the width instead of running past it."""
+    measured = _measured(chromium, tmp_path, "narrow", _framed(rendered["html"], NARROW))
+    for state in ("closed", "open"):
+        assert measured[state]["viewport"] == NARROW, state
+        assert measured[state]["scroll"] <= NARROW and 0 < measured[state]["images"] <= NARROW, (state, measured)
+
+
+def test_the_narrow_check_catches_a_page_wider_than_the_window(chromium, tmp_path):
+    page = '<!DOCTYPE html><html><body><div style="width: 560px">a chart of fixed width</div></body></html>'
+    measured = _measured(chromium, tmp_path, "control-narrow", _framed(page, NARROW))
+    assert measured["closed"]["scroll"] > NARROW
+
+
+_PDF_OBJECT = re.compile(rb"(\d+) 0 obj(.*?)endobj", re.S)
+
+
+def _squeezed(text: str) -> str:
+    return re.sub(r"\s+", "", text)
+
+
+def pdf_pages(pdf: bytes) -> int:
+    """How many pages a PDF has: its /Type /Page objects (the /Pages tree nodes are not pages)."""
+    return len(re.findall(rb"/Type\s*/Page\b", pdf))
+
+
+def pdf_text(pdf: bytes) -> str:
+    """The text chromium's PDF shows on its pages, without whitespace (a cell's lines and words are
+    broken where the page needs): every string its content streams show, read through the
+    ToUnicode map of the font showing it. Enough for chromium's own PDFs (Flate streams, fonts of
+    two-byte glyph ids, maps of bfchar and bfrange entries), no reader of PDFs in general."""
+    objects = {int(m.group(1)): m.group(2) for m in _PDF_OBJECT.finditer(pdf)}
+
+    def stream(number: int) -> bytes:
+        head, _, data = objects[number].partition(b"stream")
+        data = re.sub(rb"^\r?\n", b"", data)
+        return zlib.decompressobj().decompress(data) if b"/FlateDecode" in head else data
+
+    def glyphs(font: int) -> tuple[int, dict[int, str]]:
+        """(hex digits per glyph, glyph id -> text) of a font object."""
+        body, mapping = objects[font], {}
+        to_unicode = re.search(rb"/ToUnicode\s+(\d+) 0 R", body)
+        cmap = stream(int(to_unicode.group(1))) if to_unicode else b""
+        for block in re.findall(rb"beginbfchar(.*?)endbfchar", cmap, re.S):
+            for src, dst in re.findall(rb"<([0-9A-Fa-f]+)>\s*<([0-9A-Fa-f]+)>", block):
+                mapping[int(src, 16)] = bytes.fromhex(dst.decode()).decode("utf-16-be")
+        for block in re.findall(rb"beginbfrange(.*?)endbfrange", cmap, re.S):
+            for low, high, dst in re.findall(rb"<([0-9A-Fa-f]+)>\s*<([0-9A-Fa-f]+)>\s*<([0-9A-Fa-f]+)>", block):
+                for offset in range(int(high, 16) - int(low, 16) + 1):
+                    mapping[int(low, 16) + offset] = chr(int(dst, 16) + offset)
+        return (4 if b"/Type0" in body else 2), mapping
+
+    text = []
+    for body in objects.values():
+        if not re.search(rb"/Type\s*/Page\b", body):
+            continue
+        resources = re.search(rb"/Resources\s+(\d+) 0 R", body)
+        fonts_dict = re.search(rb"/Font\s*<<(.*?)>>", objects[int(resources.group(1))] if resources else body, re.S)
+        fonts = {name: glyphs(int(ref)) for name, ref in re.findall(rb"/(\S+?)\s+(\d+) 0 R",
+                                                                      fonts_dict.group(1) if fonts_dict else b"")}
+        contents = re.search(rb"/Contents\s*(\[[^\]]*\]|\d+ 0 R)", body)
+        for ref in re.findall(rb"(\d+) 0 R", contents.group(1) if contents else b""):
+            width, mapping = 4, {}
+            for font, shown in re.findall(rb"/(\S+)\s+[\d.]+\s+Tf|(\[.*?\]\s*TJ|<[0-9A-Fa-f]*>\s*Tj)",
+                                          stream(int(ref)), re.S):
+                if font:
+                    width, mapping = fonts.get(font, (4, {}))
+                for run in re.findall(rb"<([0-9A-Fa-f]*)>", shown):
+                    text += [mapping.get(int(run[i:i + width], 16), "") for i in range(0, len(run), width)]
+    return _squeezed(unicodedata.normalize("NFKC", "".join(text)))  # NFKC: the "fi" ligature is "fi"
+
+
+@pytest.fixture(scope="module")
+def catalogued(tmp_path_factory) -> dict:
+    """The synthetic legs and one more whose catalogue has 160 bad inputs of long ids and messages
+    and whose three suites of 120 cases all pass, rendered without a history."""
+    root = tmp_path_factory.mktemp("catalogued")
+    write_legs(root / "runs")
+    write_run(root / "runs" / "leg-catalogue", catalogue_records("cpu"), leg="cpu-catalogue",
+              env=env_for("cpu-catalogue", "interpreter"))
+    summary = summarize(load_results([root / "runs"]))
+    page = write_html(root / "report.html", render_html(summary))
+    return {"page": page, "bad_input": summary.bad_input()}
+
+
+# Measured with chromium 156 on US Letter: 21 pages, where the page without its print stylesheet
+# took 45 and cut the catalogue's error type, message and legs columns off the paper, and the
+# stylesheet printing the rows of the 360 passing cases too takes 38. The catalogue alone (163 rows
+# of about three lines) takes 13 of the 21; the bound leaves room for another chromium's fonts.
+PRINTED_PAGES_AT_MOST = 26
+
+
+def test_printed_the_page_keeps_the_catalogue_in_a_few_pages(catalogued, chromium, tmp_path):
+    pdf = tmp_path / "report.pdf"
+    _, requested = _chromium(chromium, tmp_path, "print", catalogued["page"].as_uri(), f"--print-to-pdf={pdf}",
+                             "--no-pdf-header-footer")
+    assert requested == []
+    data = pdf.read_bytes()
+    text = pdf_text(data)
+    assert "FAILED" in text and "Bad-inputcatalogue(163)" in text  # the reader reads this PDF at all
+    assert 1 < pdf_pages(data) <= PRINTED_PAGES_AT_MOST, pdf_pages(data)
+    assert len(catalogued["bad_input"]) == 163
+    for row in catalogued["bad_input"]:  # every column of every row, in order, on the paper
+        legs = "".join(row.outcomes)  # no row ran on every leg: each names its legs
+        cells = (row.suite, row.case, row.backend or "", row.error_type, row.error_message, legs)
+        assert _squeezed("".join(cells)) in text, cells
+    assert "test_round_trip_keeps_every_value" not in text  # rows of passing cases stay on the screen
+    assert "suites/widths120cases" in text and "Pass/failmatrix" in text  # the suites' summaries print
+    assert "assert0.031<=0.002" not in text  # a closed <details> stays closed: its summary only
+
+
+def test_the_pdf_reader_finds_a_cut_column_missing(chromium, tmp_path):
+    page = tmp_path / "cut.html"
+    page.write_text('<!DOCTYPE html><html><body><div style="white-space: nowrap">kept '
+                    + "x" * 400 + ' LOSTCOLUMN</div><p>second line</p></body></html>')
+    pdf = tmp_path / "cut.pdf"
+    _chromium(chromium, tmp_path, "control-print", page.as_uri(), f"--print-to-pdf={pdf}", "--no-pdf-header-footer")
+    text = pdf_text(pdf.read_bytes())
+    assert "kept" in text and "secondline" in text and "LOSTCOLUMN" not in text
+    assert pdf_pages(pdf.read_bytes()) == 1

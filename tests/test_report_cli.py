@@ -11,6 +11,7 @@ import pytest
 from synthetic import env_for, rec, write_run
 
 from harness.report.cli import main
+from harness.report.text import md_escape
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -87,12 +88,25 @@ def test_pipeline_steps_and_wall_time_go_into_the_report(tmp_path):
     assert main(["report", str(run_dir), "-o", str(out), "--steps", str(steps)]) == 0
     html = out.read_text(encoding="utf-8")
     assert "pipeline <b>gpu_verify</b> (leg L)" in html and "suites 26.9 s" in html
-    assert "benchmarks 190.2 s (exit 1)" in html and "· 226.4 s on 2 GPUs" in html
+    assert "benchmarks 190.2 s (exit 1)" in html and "· pipeline total 226.4 s on 2 GPUs" in html
     # the steps file is the last leg's pipeline; the run's wall time comes from its run directories
     assert "wall time <b>7m 12s</b> (first start to last end of the runs read)" in html
     markdown = out.with_suffix(".md").read_text(encoding="utf-8")
-    assert "pipeline gpu\\_verify (leg L): suites 26.9 s · benchmarks 190.2 s (exit 1) · 226.4 s" in markdown
+    assert ("pipeline gpu\\_verify (leg L): suites 26.9 s · benchmarks 190.2 s (exit 1) · pipeline total 226.4 s"
+            in markdown)
     assert "wall time **7m 12s** from the first start to the last end of 1 run directory" in markdown
+
+
+@pytest.mark.parametrize(("ci", "where"), [(None, "{path} (open it in a browser)"),
+                                           ("true", "page.html (download the job's artifact and open it)")])
+def test_the_summary_says_to_download_the_report_only_in_ci(tmp_path, monkeypatch, ci, where):
+    if ci is None:
+        monkeypatch.delenv("CI", raising=False)
+    else:
+        monkeypatch.setenv("CI", ci)
+    out = tmp_path / "page.html"
+    assert main(["report", str(_passing_run(tmp_path)), "-o", str(out), "--no-history"]) == 0
+    assert f"Full report: {where.format(path=md_escape(str(out)))}." in out.with_suffix(".md").read_text(encoding="utf-8")
 
 
 @pytest.mark.parametrize("content", [None, "{not json", json.dumps({"steps": "nope"}), json.dumps([1, 2])])

@@ -244,6 +244,45 @@ def test_error_axis_leaves_errors_below_the_floor_at_its_edge():
     assert error_axis_limits([]) == (1e-8 / 30, 30.0)
 
 
+def _tick_exponents(svg: str) -> list[int]:
+    """The powers of ten that label a chart's log-axis ticks (matplotlib notes each label's TeX)."""
+    return [int(power) for power in re.findall(r"\\mathdefault\{10\^\{([^}]*)\}\}", svg.replace("\N{MINUS SIGN}", "-"))]
+
+
+def test_errors_far_above_the_rest_leave_the_axis_to_the_bulk_and_are_named(tmp_path):
+    """Two round trips of inputs near 1e30 err near 1e29 within their bound: drawn at the right edge
+    and named in the caption, the axis stays on the other cases' errors (failed ones among them)."""
+    from harness.report.charts import error_axis_limits, error_chart, error_fence
+
+    bulk = [rec("affine", f"test_round_trip[{i}]", metrics={"max_abs_err": 1e-4 * (1 + i), "max_rel_err": 1e-3})
+            for i in range(8)]
+    failed = rec("decode", "test_decode[S257]", "failed", metrics={"max_abs_err": 3.1e-2})
+    huge = [rec("affine", f"test_kinds[huge-{b}]", metrics={"max_abs_err": 4.6e29}) for b in ("torch", "triton")]
+    values = [r.metrics["max_abs_err"] for r in [*bulk, failed, *huge]]
+    assert 3.1e-2 < error_fence(values) < 4.6e29
+    assert error_axis_limits(values)[1] == pytest.approx(3.1e-2 * 30)  # the failed case stays on the axis
+    assert error_fence([]) == float("inf")
+
+    run_dir = write_run(tmp_path / "r", [*bulk, failed, *huge], leg="L", env=env_for("L", "interpreter"))
+    chart = error_chart(summarize(load_results([run_dir])))
+    assert "off the axis" in chart.caption
+    assert "max_abs_err 4.60e+29 suites/affine::test_kinds[huge-torch]" in chart.caption
+    assert "suites/affine::test_kinds[huge-triton]" in chart.caption and "test_round_trip" not in chart.caption
+    svg = _svg_texts([chart])
+    assert max(_tick_exponents(svg)) < 5  # not stretched towards 1e30
+    assert "named below" in svg  # the legend says what the mark at the edge is
+
+
+def test_an_error_chart_with_nothing_off_the_axis_says_nothing_of_it(tmp_path):
+    from harness.report.charts import error_chart
+
+    run_dir = write_run(tmp_path / "r", [rec("affine", f"t[{i}]", metrics={"max_abs_err": 10.0 ** -i}) for i in range(6)],
+                        leg="L", env=env_for("L", "interpreter"))
+    chart = error_chart(summarize(load_results([run_dir])))
+    assert "off the axis" not in chart.caption and "named below" not in _svg_texts([chart])
+    assert min(_tick_exponents(_svg_texts([chart]))) <= -5
+
+
 def _section(html: str, section: str) -> str:
     start = html.index(f'<section id="{section}">')
     return html[start: html.index("</section>", start)]
@@ -260,7 +299,7 @@ def _suite_block(html: str, name: str) -> str:
 def test_suites_list_each_case_once_with_one_cell_per_leg(rendered):
     block = _suite_block(rendered["html"], "suites/decode")
     cases = block[block.index('<table class="cases">'):]
-    rows = re.findall(r"<tr><td class=\"t case\">(.*?)</td>", cases)
+    rows = re.findall(r"<tr(?: class=\"screen-only\")?><td class=\"t case\">(.*?)</td>", cases)
     assert len(rows) == len(set(rows)) == 9  # 4 interpreter cases, 5 GPU cases (S257 failed on one leg)
     assert rows[0] in ("test_decode_matches_fp64[cuda:0-S257]", "test_decode_long_context[S1048576]")  # not passing first
     assert cases.count('<td class="lc">') == 9 * 3 and cases.count("<details>") == 9
@@ -294,8 +333,8 @@ def test_long_environment_values_are_folded_and_the_tables_wrap(tmp_path):
     folded = re.search(r"<details><summary>([^<]*)</summary>([^<]*)</details>", env)
     assert folded and len(folded.group(1)) == ENV_FOLD // 2 and "x" * 400 in folded.group(2)
     assert '<table class="failing">' in _section(html, "failing")
-    for rule in ("table.failing, table.env { table-layout: fixed; width: 100%; }",
-                 "table.failing td, table.env td { white-space: normal; overflow-wrap: anywhere; }"):
+    for rule in ("table.failing, table.env, table.bad-input { table-layout: fixed; width: 100%; min-width: 600px; }",
+                 "table.failing td, table.env td, table.bad-input td { white-space: normal; overflow-wrap: anywhere; }"):
         assert rule in html
 
 

@@ -114,8 +114,32 @@ def test_the_pipeline_line_names_its_leg_and_leaves_the_wall_time_to_the_runs(le
     summary.pipeline = {"kind": "gpu_verify", "leg": "torch2.11-triton3.6", "wall_s": 402.0, "gpus": ["0"],
                         "steps": [{"step": "suites", "rc": 0, "ok": True, "seconds": 300.0}]}
     md = markdown_summary(summary)
-    assert "pipeline gpu\\_verify (leg torch2.11-triton3.6): suites 300.0 s \N{MIDDLE DOT} 402.0 s" in md
+    # each number labelled: the step's own time, then the pipeline's wall time (set-up included)
+    assert ("pipeline gpu\\_verify (leg torch2.11-triton3.6): suites 300.0 s \N{MIDDLE DOT} "
+            "pipeline total 402.0 s") in md
     assert "wall time **7m 12s**" in md and "wall time **402" not in md
+
+
+def test_the_worst_error_to_tolerance_says_what_the_tolerance_is(legs, tmp_path):
+    from synthetic import env_for, rec, write_run
+
+    from harness.report.summary import TOLERANCE_NOTE
+
+    md = markdown_summary(_summary(legs))
+    assert f"(of 27 cases with a tolerance). ({md_escape(TOLERANCE_NOTE, 400)})" in md
+    lines = text_summary(_summary(legs), width=160).splitlines()
+    assert max(map(len, lines)) <= 160
+    assert f"(of 27 cases with a tolerance) ({TOLERANCE_NOTE})" in " ".join(line.strip() for line in lines)
+    untoleranced = summarize(load_results([write_run(tmp_path / "r", [rec("bits", "test_a")], leg="L",
+                                                     env=env_for("L", "interpreter"))]))
+    assert "tolerance is" not in markdown_summary(untoleranced) + text_summary(untoleranced)
+
+
+def test_the_full_report_is_downloaded_only_from_ci(legs):
+    local = markdown_summary(_summary(legs), report_name="reports/report.html")
+    assert "Full report: reports/report.html (open it in a browser)." in local and "download" not in local
+    ci = markdown_summary(_summary(legs), report_name="report.html", in_ci=True)
+    assert "Full report: report.html (download the job's artifact and open it)." in ci
 
 
 def test_a_ratio_to_the_tolerance_never_reads_1_unless_it_is_at_the_limit():

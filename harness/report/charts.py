@@ -30,7 +30,7 @@ from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter  # noqa: 
 from .. import history  # noqa: E402
 from ..measure.noise import MAD_TO_SIGMA  # noqa: E402
 from ..records import Record  # noqa: E402
-from .fmt import clean_text, fmt_sig, to_float  # noqa: E402
+from .fmt import clean_text, fmt_err, fmt_sig, to_float  # noqa: E402
 from .load import BAD_OUTCOMES, Run  # noqa: E402
 from .summary import Summary, is_reference, suite_name  # noqa: E402
 
@@ -276,52 +276,96 @@ def _jitter(index: int) -> float:
 
 
 ERROR_FLOOR = 1e-12  # errors at or below this are drawn at the axis' left edge, with exact zeros
+# Errors more than this many decades above the median of their panel are drawn at the right edge
+# and named in the caption: a round trip of inputs near 1e30 (errors near 1e29, within its bound)
+# would otherwise stretch the axis of every other case over thirty decades.
+OFF_AXIS_DECADES = 6
+OFF_AXIS_NAMED = 6  # off-axis cases named in the caption before "and N more"
+
+
+def _on_scale(values: list[float]) -> list[float]:
+    return [v for v in values if math.isfinite(v) and v > ERROR_FLOOR]
+
+
+def error_fence(values: list[float]) -> float:
+    """The largest error an error axis spans: OFF_AXIS_DECADES decades above the median of the
+    finite errors above ERROR_FLOOR (inf when there is none); larger errors are off the axis."""
+    logs = [math.log10(v) for v in _on_scale(values)]
+    return 10.0 ** (statistics.median(logs) + OFF_AXIS_DECADES) if logs else math.inf
 
 
 def error_axis_limits(values: list[float]) -> tuple[float, float]:
-    """(low, high) of a log axis for errors: room around the finite ones above ERROR_FLOOR; exact
-    zeros, errors at or below the floor (say 1e-157 from a float64 check) and NaN/inf are drawn
-    at the edges, so that they do not stretch the axis over a hundred decades."""
-    finite = [v for v in values if math.isfinite(v) and v > ERROR_FLOOR]
-    return max(min(finite, default=1e-8) / 30, ERROR_FLOOR / 3), max(finite, default=1.0) * 30
+    """(low, high) of a log axis for errors: room around the finite ones above ERROR_FLOOR and up to
+    :func:`error_fence`; exact zeros, errors at or below the floor (say 1e-157 from a float64 check),
+    errors past the fence and NaN/inf are drawn at the edges, so that they do not stretch the axis
+    over tens of decades."""
+    fence = error_fence(values)
+    bulk = [v for v in _on_scale(values) if v <= fence]
+    return max(min(bulk, default=1e-8) / 30, ERROR_FLOOR / 3), max(bulk, default=1.0) * 30
 
 
-def error_legend() -> list[Line2D]:
+def error_legend(off_axis: bool) -> list[Line2D]:
     """What the error chart's marks mean, as legend entries (drawn inside the figure)."""
     def mark(marker, color, label):
         return Line2D([], [], marker=marker, markersize=4, color=color, linestyle="none", label=label)
 
-    return [mark("o", "#1f6feb", "one case"), mark("o", "#cf222e", "a case that failed"),
-            mark("|", "#6e7781", "0 or below 1e-12 (left edge)"), mark("^", "#cf222e", "NaN/inf (right edge)")]
+    marks = [mark("o", "#1f6feb", "one case"), mark("o", "#cf222e", "a case that failed"),
+             mark("|", "#6e7781", "0 or below 1e-12 (left edge)"), mark("^", "#cf222e", "NaN/inf (right edge)")]
+    if off_axis:
+        marks.append(mark(">", "#6e7781", f"over 1e{OFF_AXIS_DECADES}\N{MULTIPLICATION SIGN} the median "
+                                          "(right edge, named below)"))
+    return marks
+
+
+def _error_mark(value: float, bad: bool, low: float, high: float, fence: float) -> tuple[float, str, str]:
+    """Where and how one error is drawn: (x, marker, color)."""
+    if math.isnan(value) or math.isinf(value):
+        return high, "^", "#cf222e"
+    if value <= ERROR_FLOOR:
+        return low, "|", "#cf222e" if bad else "#6e7781"
+    if value > fence:
+        return high, ">", "#cf222e" if bad else "#6e7781"
+    return value, "o", "#cf222e" if bad else "#1f6feb"
+
+
+def _off_axis_text(off_axis: list[tuple[str, float, str]]) -> str:
+    """``; off the axis (...): max_abs_err 4.61e+29 suite::case, ...`` or "" when none is."""
+    if not off_axis:
+        return ""
+    named = [f"{metric} {fmt_err(value)} {where}" for metric, value, where in off_axis[:OFF_AXIS_NAMED]]
+    more = f" and {len(off_axis) - OFF_AXIS_NAMED} more" if len(off_axis) > OFF_AXIS_NAMED else ""
+    return (f"; off the axis (over 1e{OFF_AXIS_DECADES}\N{MULTIPLICATION SIGN} their panel's median error, "
+            f"drawn at its right edge): {', '.join(named)}{more}")
 
 
 def error_chart(summary: Summary) -> Chart | None:
-    """Strip plot of max_abs_err and max_rel_err per suite (log scale; exact zeros and NaN marked)."""
-    rows: dict[str, dict[str, list[tuple[float, bool]]]] = {}
-    for _, record in summary.results.pairs():
+    """Strip plot of max_abs_err and max_rel_err per suite (log scale; exact zeros, NaN and errors
+    far above the rest marked at the edges, the latter named in the caption)."""
+    rows: dict[str, dict[str, list[tuple[float, bool, str]]]] = {}
+    for run, record in summary.results.pairs():
         for metric in ("max_abs_err", "max_rel_err"):
             value = to_float(record.metrics.get(metric))
             if value is not None:
                 bad = record.outcome in BAD_OUTCOMES
-                rows.setdefault(metric, {}).setdefault(suite_name(record), []).append((value, bad))
+                where = f"{suite_name(record)}::{record.case}" + (f" on {run.label}" if len(summary.runs) > 1 else "")
+                rows.setdefault(metric, {}).setdefault(suite_name(record), []).append((value, bad, where))
     if not rows:
         return None
     suites = sorted({s for data in rows.values() for s in data})
+    off_axis: list[tuple[str, float, str]] = []
     with matplotlib.rc_context(RC):
         fig = Figure(figsize=(6.4, min(MAX_HEIGHT_IN, 1.3 + 0.32 * len(suites))), layout="constrained")
         axes = fig.subplots(1, 2, sharey=True, squeeze=False)[0]
         for ax, metric in zip(axes, ("max_abs_err", "max_rel_err"), strict=True):
             data = rows.get(metric, {})
-            low, high = error_axis_limits([v for pts in data.values() for v, _ in pts])
+            values = [v for pts in data.values() for v, _, _ in pts]
+            low, high = error_axis_limits(values)
+            fence = error_fence(values)
             for y, suite in enumerate(suites):
-                points = data.get(suite, [])
-                for i, (value, bad) in enumerate(points):
-                    if math.isnan(value) or math.isinf(value):
-                        x, marker, color = high, "^", "#cf222e"
-                    elif value <= ERROR_FLOOR:
-                        x, marker, color = low, "|", "#cf222e" if bad else "#6e7781"
-                    else:
-                        x, marker, color = value, "o", "#cf222e" if bad else "#1f6feb"
+                for i, (value, bad, where) in enumerate(data.get(suite, [])):
+                    x, marker, color = _error_mark(value, bad, low, high, fence)
+                    if marker == ">":
+                        off_axis.append((metric, value, where))
                     ax.plot([x], [y + _jitter(i)], marker=marker, markersize=3.2, color=color, alpha=0.75,
                             linestyle="none")
             ax.set_xscale("log")
@@ -333,10 +377,12 @@ def error_chart(summary: Summary) -> Chart | None:
                 ax.spines[side].set_visible(False)
         axes[0].set_yticks(range(len(suites)), labels=[clean_text(suite) for suite in suites])
         axes[0].set_ylim(len(suites) - 0.5, -0.5)
-        fig.legend(handles=error_legend(), loc="outside lower center", ncols=4, frameon=False, fontsize=6.5,
-                   handletextpad=0.3, columnspacing=1.2)
-    return Chart("errors", "", "Worst errors per case", "max_abs_err and max_rel_err of every case that reports them",
-                 figure_uri(fig), "strip plot of worst absolute and relative errors per suite")
+        # five marks as rows of three: a row of four with the long fifth under it is wider than the figure
+        fig.legend(handles=error_legend(bool(off_axis)), loc="outside lower center", ncols=3 if off_axis else 4,
+                   frameon=False, fontsize=6.5, handletextpad=0.3, columnspacing=1.2)
+    caption = "max_abs_err and max_rel_err of every case that reports them" + _off_axis_text(off_axis)
+    return Chart("errors", "", "Worst errors per case", caption, figure_uri(fig),
+                 "strip plot of worst absolute and relative errors per suite")
 
 
 def all_charts(summary: Summary) -> dict[str, list[Chart]]:

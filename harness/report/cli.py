@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from pathlib import Path
 
@@ -77,6 +78,13 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def in_ci() -> bool:
+    """Whether this report is rendered in CI: $CI set, as CI services do (GitHub Actions among them),
+    the same test the run's manifest records (harness/run/env.py) and the container runner passes
+    through (harness/run/commands.py)."""
+    return bool(os.environ.get("CI"))
+
+
 def _exit_code(summary, fail_on: str) -> int:
     if fail_on == "never":
         return 0
@@ -147,7 +155,9 @@ def main(argv: list[str] | None = None) -> int:
         write_junit(junit, results)
     markdown_path.parent.mkdir(parents=True, exist_ok=True)
     with open(markdown_path, "a" if args.summary_md else "w", encoding="utf-8") as fh:
-        fh.write(markdown_summary(summary, report_name=output.name))
+        # in CI the page is read from the job's artifact, by name; on this machine, at its path
+        ci = in_ci()
+        fh.write(markdown_summary(summary, report_name=output.name if ci else str(output), in_ci=ci))
     if args.write_baseline:
         write_baseline(args.write_baseline, results,
                        threshold_pct=DEFAULT_THRESHOLD_PCT if args.threshold is None else args.threshold)

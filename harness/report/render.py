@@ -18,7 +18,8 @@ from .charts import Trends, all_charts, trend_charts
 from .goals import goals_of
 from .load import BAD_OUTCOMES, Run
 from .quality import quality_charts, quality_protocols, quality_rows
-from .summary import Summary, checked_of, tolerance_ratio
+from .summary import TOLERANCE_NOTE, Summary, checked_of, tolerance_ratio
+from .text import pipeline_total
 from .tradeoff import MEMORIES_GB, MODEL, memory_rows, method_rows, tradeoff_charts
 
 TEMPLATES = Path(__file__).resolve().parent / "templates"
@@ -248,6 +249,8 @@ def _environment() -> jinja2.Environment:
         case_details=case_details,
         BAD_OUTCOMES=BAD_OUTCOMES,
         ENV_FOLD=ENV_FOLD,
+        TOLERANCE_NOTE=TOLERANCE_NOTE,
+        pipeline_total=pipeline_total,
     )
     return env
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import html
 import shutil
+import textwrap
 
 from ..measure import timeline
 from ..records import OUTCOMES
@@ -19,7 +20,7 @@ from .fmt import (
     fmt_signed_pct,
 )
 from .goals import describe, goals_line, goals_of
-from .summary import Summary, suite_name
+from .summary import TOLERANCE_NOTE, Summary, suite_name
 
 SHOWN = 8  # failing cases / regressions listed before "... and N more"
 _COUNTED = ("passed", "failed", "error", "crashed", "timeout", "skipped")
@@ -38,6 +39,17 @@ def tolerance_line(summary: Summary) -> str:
         return "no case recorded a tolerance"
     return (f"worst error {fmt_ratio(figure.ratio)}\N{MULTIPLICATION SIGN} its tolerance: {figure.where} "
             f"(of {figure.rated} cases with a tolerance)")
+
+
+def tolerance_note(summary: Summary) -> str:
+    """What the tolerance of :func:`tolerance_line` is, in parentheses; "" when no case has one."""
+    return f"({TOLERANCE_NOTE})" if summary.closest_to_tolerance() is not None else ""
+
+
+def pipeline_total(pipeline: dict) -> str:
+    """The steps file's ``wall_s``, labelled: the pipeline's wall time from its start to the writing of
+    that file (harness/run/pipeline.py), its set-up included, so at least the sum of its steps."""
+    return f"pipeline total {pipeline['wall_s']:.1f} s"
 
 
 def checked_line(summary: Summary) -> str:
@@ -101,6 +113,7 @@ def text_summary(summary: Summary, *, report_path=None, junit_path=None, markdow
     out.append("  " + counts_line(summary))
     for line in filter(None, (checked_line(summary), tolerance_line(summary))):
         out.append(clean_text("  " + line, width))
+    out += textwrap.wrap(tolerance_note(summary), width, initial_indent="    ", subsequent_indent="    ")
     if summary.runs:
         name_w = min(40, max(len(run.label) for run in summary.runs))
         out.append(f"  {'leg':<{name_w}}  {'mode':<11} {'pass':>5} {'fail':>5} {'err':>4} {'crash':>5} "
@@ -166,7 +179,9 @@ def md_escape(text, limit: int | None = 200) -> str:
 _ICON = {"ok": "\u2705", "bad": "\u274c", "skip": "\u23ed\ufe0f", "none": "\u2014"}
 
 
-def markdown_summary(summary: Summary, *, report_name: str | None = None) -> str:
+def markdown_summary(summary: Summary, *, report_name: str | None = None, in_ci: bool = False) -> str:
+    """The summary in Markdown; ``report_name``: the HTML page, found in the job's artifact when
+    ``in_ci`` (the page is uploaded, not at hand), else a file of this machine."""
     icon = {"ok": "\u2705", "bad": "\u274c", "warn": "\u26a0\ufe0f"}.get(summary.verdict_class, "\u2753")
     out = [f"### {icon} kv harness: {summary.verdict}", ""]
     out.append(" \N{MIDDLE DOT} ".join(f"**{summary.counts[o]}** {o}" for o in _COUNTED))
@@ -179,7 +194,7 @@ def markdown_summary(summary: Summary, *, report_name: str | None = None) -> str
             for st in pipeline["steps"])
         leg = f" (leg {md_escape(pipeline['leg'], 60)})" if pipeline.get("leg") else ""
         out.append(f"  \npipeline {md_escape(pipeline['kind'])}{leg}: {steps} \N{MIDDLE DOT} "
-                   f"{pipeline['wall_s']:.1f} s")
+                   f"{pipeline_total(pipeline)}")
     if summary.wall_s is not None:
         dirs = sum(len(run.parts) for run in summary.runs)
         out.append(f"  \nwall time **{fmt_duration(summary.wall_s) or '0 s'}** from the first start to the last "
@@ -225,10 +240,11 @@ def markdown_summary(summary: Summary, *, report_name: str | None = None) -> str
         out += ["", f"**Performance {goals_line(goals)}**"]
         for goal in [g for g in goals if not g.met][:SHOWN]:
             out.append(f"- missed {md_escape(describe(goal), 300)}")
-    figures = [checked_line(summary), tolerance_line(summary)]
-    out += ["", md_escape("; ".join(filter(None, figures)), 400) + "."]
+    figures = md_escape("; ".join(filter(None, [checked_line(summary), tolerance_line(summary)])), 400) + "."
+    out += ["", f"{figures} {md_escape(tolerance_note(summary), 400)}".rstrip()]
     if summary.n_problems:
         out += ["", f"{summary.n_problems} read problem(s): see the report."]
     if report_name:
-        out += ["", f"Full report: {md_escape(report_name)} (download the artifact and open it)."]
+        where = "download the job's artifact and open it" if in_ci else "open it in a browser"
+        out += ["", f"Full report: {md_escape(report_name, None)} ({where})."]  # a path is no use cut short
     return "\n".join(out) + "\n"
