@@ -430,6 +430,33 @@ def test_attend_matches_the_reference(record, seed, device, dtype, ratio, fp):
     record.add(states_checked=checked, bit_errors=0, lengths=cache.lengths(), **worst)
 
 
+@pytest.mark.parametrize("device", device_params())
+def test_fp_parts_under_every_split_count(record, seed, device):
+    """Every partial written once, the code splits' and the fp parts' (sinks and ring, a group's
+    rows each), under one split, a few and one tile per split; lengths within the sinks, within
+    the ring and far past both."""
+    record.backend, record.device, record.variant = "triton", device, "fp-parts-splits"
+    size = _size(device)
+    g, h, d = size.group, size.heads, size.head_dim
+    gen = torch.Generator().manual_seed(seed)
+    cache = _new_cache(size, device, num_pages=gpu_or_small(16, 64, device), sinks=g, window=g)
+    for n in (g // 2, 3 * g + 5, gpu_or_small(7 * g + 3, 40 * g + 3, device)):
+        cache.add_sequence(*_kv(gen, (h, n, d), cache.dtype, device))
+    q = _q(gen, len(cache.sequences), h, d, cache.dtype, device)
+    view = cache.view()
+    ref = reference_decode(q, view)
+    limit, worst = tolerance(q.dtype), 0.0
+    tiles = -(-max(cache.lengths()) // view.tile)
+    for num_splits in (1, 2, 3, tiles):
+        out = poisoned_like(q)
+        decode_attention(q, view, num_splits=num_splits, backend="triton", out=out)
+        assert bool(torch.isfinite(out).all()), f"num_splits={num_splits}: unwritten (NaN) or non-finite output"
+        err = float((out.double() - ref).abs().max())
+        assert err <= limit, f"num_splits={num_splits}: {err:.3g} > {limit:g} (lengths {cache.lengths()})"
+        worst = max(worst, err)
+    record.add(states_checked=4 * q.numel(), bit_errors=0, max_abs_err=worst, lengths=cache.lengths())
+
+
 # ----------------------------------------------------------------------------- 4. freed pages
 def _pages_of(cache: PagedKVCache, row: int) -> list[int]:
     table = cache.block_table[row].tolist()

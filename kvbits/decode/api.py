@@ -17,7 +17,7 @@ from .._runtime import on_device
 from .checks import check_inputs, check_scale_range, check_served
 from .kernel import _decode_merge_kernel, _decode_split_kernel
 from .launch import fp_parts, merge_launch, partial_buffers, split_launch, split_plan
-from .paged import PagedQuantizedKV, decode_view
+from .paged import PagedQuantizedKV, code_tokens, decode_view
 from .reference import reference_decode
 
 BACKENDS = ("torch", "triton")
@@ -82,9 +82,7 @@ def decode_attention(
     check_served(cache.bits, d, cache.group_size)
     check_scale_range(cache)
     view = cache if isinstance(cache, PagedQuantizedKV) else decode_view(cache)
-    g = cache.group_size
-    # code tokens attended past the sinks (kvbits.decode.paged.code_end)
-    max_code = max(max(0, min(n, c // g * g - view.window) - view.sinks) for n, c in zip(lens, held, strict=True))
+    max_code = code_tokens(lens, held, cache.group_size, view.sinks, view.window)
     lens32 = lens_t if lens_t.dtype == torch.int32 else lens_t.to(torch.int32)
     # The kernels address q and out with unit stride along D: strided views go through
     # contiguous buffers (q copied in, the result copied into the caller's out).

@@ -132,6 +132,14 @@ def code_end(lens: torch.Tensor, cached: torch.Tensor, group_size: int, sinks: i
     return torch.clamp(torch.minimum(lens.to(full.dtype), full - window), min=sinks)
 
 
+def code_tokens(lens: list[int], cached: list[int], group_size: int, sinks: int, window: int) -> int:
+    """The most tokens any of the sequences attends from codes (code_end less the sinks), for host
+    lengths: what the split plan covers."""
+    if not lens:
+        return 0
+    return int(code_end(torch.tensor(lens), torch.tensor(cached), group_size, sinks, window).max()) - sinks
+
+
 def ring_groups(residual: torch.Tensor, seq_lens: torch.Tensor, group_size: int) -> torch.Tensor:
     """[B, H, G, D]: each sequence's partial group (positions full .. full + G - 1, full = its
     tokens in whole groups) gathered from its ring ``residual`` [B, H, R, D] (row t % R)."""

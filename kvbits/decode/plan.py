@@ -25,7 +25,7 @@ from .checks import Q_DTYPES, check_num_splits, check_scale_range, check_served,
 from .direct_launch import Launch, specialization
 from .kernel import _decode_merge_kernel, _decode_split_kernel
 from .launch import fp_parts, merge_launch, partial_buffers, split_launch, split_plan
-from .paged import PagedQuantizedKV
+from .paged import PagedQuantizedKV, code_tokens
 
 
 class DecodePlan:
@@ -55,9 +55,8 @@ class DecodePlan:
         self.view, self.q_heads, self.q_dtype, self.max_len, self.sm_scale = view, q_heads, q_dtype, max_len, sm_scale
         batch, device = view.block_table.shape[0], view.k_words.device
         self.shape = (batch, q_heads, d)
-        g = view.group_size
-        code_tokens = max(0, max_len // g * g - view.window - view.sinks)  # codes are attended between them
-        self.splits, per = split_plan(batch, view.heads, code_tokens, view.tile, device, num_splits, view.warps,
+        codes = code_tokens([max_len], [max_len], view.group_size, view.sinks, view.window)
+        self.splits, per = split_plan(batch, view.heads, codes, view.tile, device, num_splits, view.warps,
                                       fp_parts(view))
         self.mid_o, self.mid_lse = partial_buffers(batch, q_heads, d, self.splits + fp_parts(view), device)
         grid, args, options = split_launch(view, q_heads // view.heads, view.seq_lens, view.seq_lens, self.mid_o,
