@@ -25,6 +25,15 @@ tokens into the ring and its first into the sinks, and the last program of seque
 its count to ``seq_lens[b]`` (no second launch).
 
 The torch path does the same on the host (any device): it reads the lengths, so it synchronizes.
+
+Contract. Per completed group: codes, scales and zeros of :mod:`kvbits.affine` (``_quantize_torch``
+bit for bit), the codes in the page's words as :func:`kvbits.decode.layout.pack_tile` lays them.
+Shapes and dtypes: k, v fp16/bf16 ``[B, H, T, D]`` (or one token ``[B, H, D]``), the cache's
+dtype; chunk lengths int32 ``[B]`` or None; the pool as :class:`~kvbits.decode.paged.PagedQuantizedKV`
+holds it (words int32 ``[NP, H, P/TILE, W]``, K scales and zeros ``[NP, H, P/G, D]``, V's
+``[NP, H, P, D/G]``, fp16/fp32); errors int32 ``[1]``, ERROR_* bits or-ed in. Tested against
+:func:`append_torch` (the same pool, tensor for tensor) and one-shot ``quantize_kv`` of each
+sequence's tokens, in ``suites/test_page_cache.py``; speed in ``suites/test_bench_decode_step.py``.
 """
 
 from __future__ import annotations
