@@ -5,7 +5,8 @@
 ``manifest.json``, harness.records); ``list`` lists the runs; ``export --format csv|json``
 writes every case; ``prune --keep N`` keeps the newest N runs of each (leg, GPU) and, apart, its
 newest N A/B rounds; ``baseline --leg L -o FILE`` writes the rolling baseline of L's last runs as
-a baseline file (each case's spread across those runs, machines or visits, as its noise). The database is ``$KVH_HISTORY`` (default ``~/.cache/kvbits/history.sqlite``).
+a baseline file (each case's spread across those runs, machines or visits, as its noise). The
+database is ``$KVH_HISTORY`` (default ``~/.cache/kvbits/history.sqlite``).
 
 Durability: the database runs in WAL mode with a busy timeout, so several runners or processes
 may write at once; each run goes in as one transaction, so a process killed mid-write leaves the
@@ -468,7 +469,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                 print(f"no runs in {path}")
             for run in listed:
                 print(f"{run['started'] or '-':32} {run['run_id']:60} {run['gpu'] or '-':20} "
-                      f"{(run['commit'] or '-')[:12]:12} {run['cases']:6d} cases{'' if run['complete'] else ' (incomplete)'}")
+                      f"{(run['commit'] or '-')[:12]:12} {run['cases']:6d} cases"
+                      f"{'' if run['complete'] else ' (incomplete)'}")
         elif args.command == "export":
             if args.output:
                 with open(args.output, "w", encoding="utf-8", newline="") as fh:

@@ -40,6 +40,14 @@ Grouping: K per channel along tokens (a group is G tokens of one channel), V per
 token along channels (G channels of one token). Codes are packed along D in the
 canonical LSB-first stream (``kvbits.packing``). The cache layout is documented
 in :mod:`kvbits.kv_cache`.
+
+Kernel (``_quantize_kernel``): K or V fp16/bf16/fp32 ``[B, H, T, D]`` (any strides, T whole
+groups) into codes uint8 ``[B, H, capacity, D*b/8]`` and scales and zeros fp16/fp32 (K
+``[B, H, capacity/G, D]``, V ``[B, H, capacity, D/G]``), equal bit for bit to the torch
+reference ``_quantize_torch``. Tested in ``suites/``: test_affine_roundtrip.py (torch == Triton
+on every tile shape, ties, clamping, the round trip and the bound above), test_streaming.py
+(appending equals one-shot), test_affine_bad_input.py, test_accuracy_affine.py (attention error
+figures); speed in test_bench_affine.py, machine code in test_sass_budget.py.
 """
 
 from __future__ import annotations

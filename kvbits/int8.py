@@ -30,9 +30,10 @@ Variants (``variant=``):
 
 =================  =========  ==========================================================
 ``torch``          any        the reference, plain torch operations
-``cpu_baseline``   CPU        the C++ baseline of *GPU-Accelerated KV Cache Quantization* (``kvbits/cuda/int8_cpu_baseline.cpp``):
-                              OpenMP over columns for scales, serial quantize/dequantize loops;
-                              float32 input only
+``cpu_baseline``   CPU        the C++ baseline (``kvbits/cuda/int8_cpu_baseline.cpp``), the CPU
+                              code of *GPU-Accelerated KV Cache Quantization* (docs/design.md
+                              section 1): OpenMP over columns for scales, serial
+                              quantize/dequantize loops; float32 input only
 ``naive``          CUDA       one thread per element (``kvbits/cuda/int8_quant.cu``)
 ``tiled``          CUDA       32 x 32 tiles staged in shared memory
 ``coarsened``      CUDA       8 elements per thread, grid-stride
@@ -50,6 +51,11 @@ and ``torch`` for CPU tensors. A variant that cannot run on the tensors' device 
 
 Outputs may be passed in (``out=``) to reuse memory; they must be contiguous, of the exact
 shape, dtype and device (and 16-byte aligned for ``vectorized``).
+
+Tested bit for bit (codes, scales and reconstructions) against a float64 oracle of the arithmetic
+above (``oracle`` in ``suites/int8_support.py``, which uses no code under test), variant against
+variant, and on the known values of the INT8 work's unit tests, in ``suites/``: test_int8_basics.py,
+test_int8_core.py, test_int8_variants.py and test_int8_bad_input.py; speed in test_bench_int8.py.
 """
 
 from __future__ import annotations
@@ -253,7 +259,8 @@ void int8_cuda_dequantize(at::Tensor q, at::Tensor scales, at::Tensor out, int64
 
 @functools.cache
 def cpu_baseline_extension():
-    """The origin document's CPU baseline, built once per process through the shared loader."""
+    """The C++ CPU baseline (``kvbits/cuda/int8_cpu_baseline.cpp``), built once per process through
+    the shared loader."""
     from .cuda.loader import load_extension
 
     return load_extension(

@@ -1,7 +1,9 @@
 """Bit-exact b-bit packing (b = 1..8) in the canonical LSB-first stream (docs/design.md section 3).
 
-A row of N unsigned b-bit values is one little-endian bit stream: value i holds
-bits [b*i, b*i + b). Two views of the same bytes:
+Computes: a row of N unsigned b-bit values v is one little-endian bit stream, value i holding
+bits [b*i, b*i + b), so bit b*i + j of the stream is bit j of v[i]. Shapes and dtypes: values
+uint8 ``[..., N]``, each < 2**b, N a multiple of ``values_per_group(b, layout)``; two views of
+the same packed bytes:
 
 * ``layout="byte"``: uint8 ``[..., N*b/8]``, groups of ``lcm(b, 8)`` bits; for b = 3
   an octet of 8 values in 3 bytes (v2 straddles b0->b1, v5 straddles b1->b2);
@@ -9,10 +11,15 @@ bits [b*i, b*i + b). Two views of the same bytes:
   32 values in 3 words (lanes 10 and 21 straddle), exactly GPTQ's 3-bit stream.
 
 Backends: ``torch`` (the reference: an explicit bit-plane expansion, any device),
-``triton`` (the branchless register assembly for bytes and the ``lo | hi`` straddle formula for
-words of *Cross-Byte & Cross-Word 3-Bit KV-Cache Packing, Triton Dequantization & Fused
-Flash-Decoding*; compiled on a GPU, interpreted on CPU tensors) and
+``triton`` (the kernels below: the branchless register assembly for bytes, the ``lo | hi``
+straddle formula for words; compiled on a GPU, interpreted on CPU tensors) and
 ``cuda`` (``kvbits/cuda/pack3.cu`` through the loader; b = 3 only).
+
+Tested against the definition (a state's packed form is its own bits), the torch reference,
+per-octet formulas written out apart from this code and GPTQ's packing loop, in
+``suites/``: test_bijection.py (all 2^24 states of a 3-bit octet, both inverses), test_walking.py
+(every lane and bit), test_golden.py, test_gptq.py, test_widths.py (b = 1..8) and
+test_bad_input_packing.py; speed in test_bench_packing.py.
 """
 
 from __future__ import annotations
@@ -182,7 +189,7 @@ def _unpack_words_kernel(
     src, dst, n_groups,
     BITS: tl.constexpr, NV: tl.constexpr, NW: tl.constexpr, BLOCK: tl.constexpr,
 ):
-    """Unpack the int32 word layout into b-bit values with the origin document's straddle formula.
+    """Unpack the int32 word layout into b-bit values with the ``lo | hi`` straddle formula.
 
     src: int32 [n_groups * NW]; dst: uint8 [n_groups * NV]. Per lane i with word
     w and shift s: lo = W[w] >> s; hi = (W[w + 1] << (32 - s) & 31) where s + BITS > 32;

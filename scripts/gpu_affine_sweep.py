@@ -7,7 +7,8 @@ fp16 [8, 8, 32768, 128] cache of suites/test_bench_affine.py's target fastest.
 
 Every tile's cache (codes, scales, zeros) is compared bit for bit with the torch reference's
 before it is timed; a wrong tile is reported and not timed. Bytes per side: the input read
-once, codes, scales and zeros written once. Writes affine_sweep_b<bits>_g<G>[_registers][_k_only|_v_only].json under --out (default
+once, codes, scales and zeros written once. Writes
+affine_sweep_b<bits>_g<G>[_registers][_k_only|_v_only].json under --out (default
 $OUT or reports/affine) and prints the table last, with the best K + best V against the default.
 """
 
@@ -105,7 +106,8 @@ def main() -> int:
             figures = bandwidth_metrics(moved, median_ms(launch)) if ok else {}
             ms = figures.get("ms")
             row = {"side": side, "tokens": tile.tokens, "channels": tile.channels, "warps": tile.warps,
-                   "registers": tile.registers, "default": tile == default_of_side, "correct": ok, "error": error, "ms": ms,
+                   "registers": tile.registers, "default": tile == default_of_side, "correct": ok, "error": error,
+                   "ms": ms,
                    "gbps": figures.get("gbps"), "pct_of_copy": figures.get("pct_of_peak"), "bytes": moved}
             rows.append(row)
             timing = f"{ms:8.4f} ms {row['pct_of_copy']:6.1f}% of copy" if ok else (error or "WRONG")

@@ -286,7 +286,8 @@ def main() -> int:
             log(f"ncu failed: {exc}")
     if args.suites:
         cmd = [sys.executable, "-m", "pytest", "suites/test_decode_fused.py", "suites/test_decode_bad_input.py",
-               "-q", "-x", "-k", "cuda or bad_input", "-p", "no:cacheprovider", "--results-dir", str(out_dir / "suites")]
+               "-q", "-x", "-k", "cuda or bad_input", "-p", "no:cacheprovider",
+               "--results-dir", str(out_dir / "suites")]
         try:
             run = subprocess.run(cmd, capture_output=True, text=True, timeout=130, cwd=ROOT,
                                  env={**os.environ, "PYTHONPATH": str(ROOT)})
@@ -302,10 +303,11 @@ def main() -> int:
               f"{r['speedup']['sdpa_fp16']:6.2f} {r['speedup']['unfused']:8.2f} {r['gbps']:6.0f} "
               f"{r.get('pct_of_peak', 0):5.1f}  {r.get('read_floor_ms', 0):8.4f} {r.get('pct_of_read_floor', 0):6.1f}"
               f"  {r['max_abs_err']:.1e}")
-    bad = [c for c in result["checks"] if not c["finite"] or c["max_abs_err"] > c["tol"] or c.get("paged_equal") is False]
+    bad = [c for c in result["checks"]
+           if not c["finite"] or c["max_abs_err"] > c["tol"] or c.get("paged_equal") is False]
     bad += [r for r in result["table"] if r["max_abs_err"] > 2e-3]
-    print(f"copy {result['copy_gbps']:.0f} GB/s; programs/SM {result['programs_per_sm'] or 'wave rule'}; warps {result['warps']}; "
-          f"{len(bad)} correctness problem(s); suites: {result.get('suites', 'not run')}")
+    print(f"copy {result['copy_gbps']:.0f} GB/s; programs/SM {result['programs_per_sm'] or 'wave rule'}; "
+          f"warps {result['warps']}; {len(bad)} correctness problem(s); suites: {result.get('suites', 'not run')}")
     return 1 if bad else 0
 
 

@@ -99,8 +99,9 @@ def main(argv: list[str]) -> int:
             shapes[shape].items(), key=lambda item: item[1].get("ms", float("inf"))
         ):
             print(
-                f"| {shape} | {variant} | {_fmt(m.get('quant_ms'))} | {_fmt(m.get('dequant_ms'))} | {_fmt(m.get('ms'))} "
-                f"| {_fmt(m.get('gbps'), 4)} | {_fmt(m.get('pct_of_peak'))} | {m.get('bit_errors', '-')} |"
+                f"| {shape} | {variant} | {_fmt(m.get('quant_ms'))} | {_fmt(m.get('dequant_ms'))} "
+                f"| {_fmt(m.get('ms'))} | {_fmt(m.get('gbps'), 4)} | {_fmt(m.get('pct_of_peak'))} "
+                f"| {m.get('bit_errors', '-')} |"
             )
     if TARGET_SHAPE in best_of:
         variant, m = best_of[TARGET_SHAPE]

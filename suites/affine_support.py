@@ -270,7 +270,8 @@ class MiniBert(torch.nn.Module):
         """ids int64 [B, S] (no padding) -> last hidden states [B, S, hidden]."""
         e = self.embeddings
         pos = torch.arange(ids.shape[1], device=ids.device)
-        x = e["word_embeddings"](ids) + e["position_embeddings"](pos) + e["token_type_embeddings"](torch.zeros_like(ids))
+        x = (e["word_embeddings"](ids) + e["position_embeddings"](pos)
+             + e["token_type_embeddings"](torch.zeros_like(ids)))
         x = e["LayerNorm"](x)
         for lay in self.encoder["layer"]:
             att = lay["attention"]["self"]

@@ -1,8 +1,8 @@
 """Shared pieces of the INT8 suites: (device, variant) cases, data, an independent oracle, metrics.
 
 The data helpers and metrics are the ``matrix.c`` ones of
-*GPU-Accelerated KV Cache Quantization* (random fill in a range, a random
-query vector, L2 / max-abs reconstruction error, the attention surrogate mean |Q.K - Q.K_hat|).
+*GPU-Accelerated KV Cache Quantization* (docs/design.md section 1): random fill in a range, a random
+query vector, L2 / max-abs reconstruction error, the attention surrogate mean |Q.K - Q.K_hat|.
 The oracle recomputes the INT8 contract in float64 numpy with an explicit float32 rounding after
 every operation; float64 holds every float32 product exactly and rounds float32 quotients
 correctly, so the oracle gives the exact bits without using any code under test.
@@ -43,7 +43,8 @@ def variant_cases(*, exclude: tuple[str, ...] = ()) -> list:
 
 
 def consistency_cases() -> list:
-    """(device, base, other): on CUDA every variant against naive (the origin document's pairs), on CPU against torch."""
+    """(device, base, other): on CUDA every variant against naive (the pairs of the INT8 work's
+    test_consistency_naive_*), on CPU against torch."""
     cases = []
     for device, base, names in (("cpu", "torch", CPU_VARIANTS), ("cuda", "naive", GPU_VARIANTS)):
         for variant in names:
@@ -70,11 +71,11 @@ def skip_unless_served(variant: str, D: int) -> None:
         pytest.skip("vectorized needs D % 4 == 0 (its refusal is tested in test_int8_bad_input)")
 
 
-# ----------------------------------------------------------------------------- data (seed: matrix.c)
+# ----------------------------------------------------------------------------- data (as matrix.c)
 def fill_range(
     shape, lo: float, hi: float, *, seed: int, device="cpu", dtype=torch.float32
 ) -> torch.Tensor:
-    """Uniform random values in [lo, hi] (the origin document's random matrix fill)."""
+    """Uniform random values in [lo, hi] (``random_fill_FP32Matrix`` of ``matrix.c``)."""
     gen = torch.Generator().manual_seed(seed)
     values = torch.rand(shape, generator=gen, dtype=torch.float64) * (hi - lo) + lo
     return values.to(dtype).to(device)
@@ -83,7 +84,7 @@ def fill_range(
 def query_fill(
     D: int, *, seed: int, lo: float = -1.0, hi: float = 1.0, device="cpu"
 ) -> torch.Tensor:
-    """A random query vector [D] in [lo, hi] (the origin document's query fill for the attention surrogate)."""
+    """A random query vector [D] in [lo, hi] for the attention surrogate (``random_fill_query_vector``)."""
     return fill_range((D,), lo, hi, seed=seed, device=device)
 
 
@@ -95,7 +96,7 @@ def kv_matrix(T: int, D: int, *, seed: int, device="cpu", dtype=torch.float32) -
     return (x * magnitude).to(dtype).to(device)
 
 
-# ----------------------------------------------------------------------------- metrics (seed: matrix.c)
+# ----------------------------------------------------------------------------- metrics (as matrix.c)
 def l2_error(a: torch.Tensor, b: torch.Tensor) -> float:
     """sqrt(sum((a - b)^2)) in float64."""
     return float(torch.linalg.vector_norm((a.double() - b.double()).flatten()))
@@ -106,7 +107,7 @@ def max_abs_error(a: torch.Tensor, b: torch.Tensor) -> float:
 
 
 def attention_error(query: torch.Tensor, k: torch.Tensor, k_hat: torch.Tensor) -> float:
-    """mean over rows t of |Q . K[t] - Q . K_hat[t]| in float64 (the origin document's attention surrogate)."""
+    """mean over rows t of |Q . K[t] - Q . K_hat[t]| in float64 (``attention_dot_product_error``)."""
     q = query.double().to(k.device)
     return float((k.double() @ q - k_hat.double() @ q).abs().mean())
 

@@ -1,5 +1,5 @@
-"""Affine quantization: the round trip of test 3 of
-*Cross-Byte & Cross-Word 3-Bit KV-Cache Packing, Triton Dequantization & Fused Flash-Decoding*, torch == Triton bit for bit, reconstruction bound.
+"""Affine quantization: requantizing a dequantized code gives the code back, torch == Triton bit
+for bit, reconstruction bound.
 
 Round trip: for every code q, every bit width and both scale dtypes, with the
 scale and zero point of real groups (random, tiny, huge, constant, offset,
@@ -66,7 +66,8 @@ def _tile_params(kind: str, bits: int, sdt: torch.dtype, per_channel: bool):
 @pytest.mark.parametrize("sdt", SCALE_DTYPES, ids=_sdt_id)
 @pytest.mark.parametrize("bits", BITS)
 def test_requant_of_dequant_is_identity(record, bits, sdt, kind, per_channel):
-    """Test 3 of the 3-bit origin document for every q on the groups of a (64, 128) tile; no NaN, no division by zero."""
+    """requant(dequant(q)) == q for every code q on the groups of a (64, 128) tile, with finite,
+    positive scales exact in the scale dtype and integer zeros: no NaN, no division by zero."""
     scale, zero, inv = _tile_params(kind, bits, sdt, per_channel)
     assert bool(torch.isfinite(scale).all()) and bool((scale > 0).all())
     assert torch.equal(scale.to(sdt).float(), scale), "scales must be exact in the scale dtype"

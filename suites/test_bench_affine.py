@@ -66,7 +66,8 @@ def test_bench_quantize_kv(record, bits, group_size):
     record.add(
         **metrics, **timing.metrics(), **bound_metrics(kernel_only, ms, device=device),
         ms_api=ms_api, ms_torch=ms_torch, bit_errors=sum(diff.values()),
-        **({"ms_public": ms_public, "pct_of_peak_public": metrics["pct_of_peak"] * ms / ms_public} if ms_public else {}),
+        **({"ms_public": ms_public, "pct_of_peak_public": metrics["pct_of_peak"] * ms / ms_public}
+           if ms_public else {}),
         speedup={"torch_reference": ms_torch / ms},
         shape="x".join(map(str, shape)),
     )

@@ -5,7 +5,8 @@ the unfused path (dequantize, then SDPA): ms per call (graph-replayed, inputs ro
 L2: harness.measure.timing.graph_replay_ms), speedups, and GB/s and % of the copy bandwidth measured in
 the same run, over the bytes the fused kernel must read; on a GPU also the read floor of those
 bytes (harness.measure.read_floor: one kernel that only reads them, timed alike) and the fused kernel's
-speed as a percentage of it. The benchmark shapes (decode_support.GPU_BENCH_SHAPES) on a GPU; one tiny shape in the interpreter on CPU.
+speed as a percentage of it. The benchmark shapes (decode_support.GPU_BENCH_SHAPES) on a GPU; one
+tiny shape in the interpreter on CPU.
 """
 
 from __future__ import annotations

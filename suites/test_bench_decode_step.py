@@ -81,7 +81,8 @@ def test_bench_decode_step(record, shape):
     mode = "graph" if GPU else "eager"
     step = kv[mode]
     figures = {
-        "ms": step["median"], "p99_ms": step["p99"], "max_ms": step["max"], "median_over_p99": step["median"] / step["p99"],
+        "ms": step["median"], "p99_ms": step["p99"], "max_ms": step["max"],
+        "median_over_p99": step["median"] / step["p99"],
         "eager_ms": kv["eager"]["median"], "eager_p99_ms": kv["eager"]["p99"], "fp16_eager_ms": fp["eager"]["median"],
         "tokens_per_s": batch / (step["median"] / 1e3), "bytes_per_token": cache.bytes_per_token(),
         "nbytes": cache.nbytes(), "max_abs_err": err, "states_checked": out.numel(),

@@ -1,19 +1,21 @@
-"""INT8 per-channel benchmark over the ten shapes of *GPU-Accelerated KV Cache Quantization* (two smallest without a GPU).
+"""INT8 per-channel benchmark over the ten shapes of *GPU-Accelerated KV Cache Quantization*
+(docs/design.md section 1; the two smallest without a GPU).
 
 One case per (shape, variant): quantize ms (scales pass + finite check + codes), dequantize ms and
 their total; speedups of the total over the CPU baseline, torch eager and torch.compile (timed
 once per shape, same input); GB/s over the fewest bytes moved (scales pass reads 4 B/element,
 quantize reads 4 B and writes 1 B, dequantize reads 1 B and writes 4 B) and % of the device copy
-bandwidth measured in the same run; the origin document's errors: reconstruction L2 and max-abs, and the
+bandwidth measured in the same run; that work's errors: reconstruction L2 and max-abs, and the
 attention surrogate mean_t |Q.K[t] - Q.K_hat[t]|.
 
 GPU timings are CUDA-event medians (harness.measure.timing.time_call) over inputs rotated through enough
 copies to exceed 4x the L2 cache, recorded with their repeats' spread (ms_n, ms_min, ms_iqr, ms_mad:
 quantize and dequantize added) and whether the pair is bound by the host or the device (bound,
-host_ms; at the smallest shapes a call is mostly the host's launch cost). The CPU baseline is timed by wall clock with 1-3 repetitions,
-only where its predicted time is at most CPU_BASELINE_LIMIT_S; other shapes record it as skipped
-with the reason. torch.compile on CPU tensors costs about 40 s of C++ builds, so without a GPU it
-runs only when KVH_INT8_CPU_COMPILE=1.
+host_ms; at the smallest shapes a call is mostly the host's launch cost). The CPU baseline is
+timed by wall clock with 1-3 repetitions, only where its predicted time is at most
+CPU_BASELINE_LIMIT_S; other shapes record it as skipped with the reason. torch.compile on CPU
+tensors costs about 40 s of C++ builds, so without a GPU it runs only when
+KVH_INT8_CPU_COMPILE=1.
 
 Run on a GPU box: python -m pytest suites/test_bench_int8.py -m bench
 """
@@ -58,7 +60,7 @@ BASELINES = ("cpu_baseline", "torch_eager", "torch_compile")
 def _variants() -> list[str]:
     names = list(int8.variants_for(DEVICE))
     if "cpu_baseline" not in names:
-        names.append("cpu_baseline")  # on a GPU box: the origin document's CPU code on the host's cores
+        names.append("cpu_baseline")  # on a GPU box: the INT8 work's CPU code on the host's cores
     return names + ["torch_compile"]
 
 
@@ -233,7 +235,7 @@ def test_bench_int8(record, T, D, variant):
             bound="cpu",
             quant_ms=quant.median,
             dequant_ms=dequant.median,
-            reference=True,  # the origin document's baseline: its timing is compared, never a regression
+            reference=True,  # the INT8 work's CPU baseline: its timing is compared, never a regression
             timing="wall clock, median of 1-3 runs",
             speedup={"cpu_baseline": 1.0},
             **_bytes_per_s(T, D, quant.median, dequant.median),

@@ -30,7 +30,8 @@ def _size_label(nbytes: int) -> str:
 
 
 def _reference_pack(values: torch.Tensor) -> torch.Tensor:
-    return torch.cat([pack_bits(chunk, 3, backend="torch", validate=False) for chunk in values.split(REFERENCE_CHUNK_ROWS)])
+    return torch.cat([pack_bits(chunk, 3, backend="torch", validate=False)
+                      for chunk in values.split(REFERENCE_CHUNK_ROWS)])
 
 
 @pytest.mark.parametrize("direction", ["unpack", "pack"])

@@ -116,7 +116,8 @@ def test_bench_peer_serving(record, method):
                **spread_metrics(step), host_ms=served["issue_ms"],
                bound=classify_bound(served["issue_ms"], step["median"]) if GPU else "cpu",
                prefill_s=served["prefill_s"], nbytes=served["nbytes"], bytes_per_token=server.bytes_per_token(),
-               bits=server.bits, method=server.name, version=server.version(), reference=not method.startswith("kvbits"),
+               bits=server.bits, method=server.name, version=server.version(),
+               reference=not method.startswith("kvbits"),
                shape=f"{size['sequences']} sequences, prompts {size['prompts']}, new tokens {size['new_tokens']}, "
                      f"Hq={size['q_heads']} Hkv={size['kv_heads']} D={size['dim']}, {SERVING_STEPS} steps")
     assert served["finite"], f"{method}: the last step's attention is not finite"
@@ -142,6 +143,7 @@ def test_peer_error_on_activations(record, method, minilm_layers):
             pytest.skip(f"{method}: {reason}")
     figures = activation_errors(method, minilm_layers, device=DEVICE)
     record.add(**figures, method=method, reference=not method.startswith("kvbits"),
-               shape=f"all-MiniLM-L6-v2 K/V, {len(minilm_layers)} layers: H={heads} D={dim} S={seq} (the last appended)")
+               shape=f"all-MiniLM-L6-v2 K/V, {len(minilm_layers)} layers: H={heads} D={dim} S={seq} "
+                     "(the last appended)")
     for name, value in figures.items():
         assert math.isfinite(value), f"{method}: {name} = {value}"

@@ -118,9 +118,11 @@ CASES = {
     "words_rows_not_whole_tiles": (lambda c: layout.words_from_codes(c.k_codes[:, :, :96], 3, "k"), ValueError,
                                    "T a multiple of tile=64"),
     "codes_from_words_wrong_width": (lambda c: layout.codes_from_words(
-        torch.zeros(1, 1, 1, 100, dtype=torch.int32, device=DEVICE), 3, "k", 64), ValueError, "words must be [..., T/tile, "),
+        torch.zeros(1, 1, 1, 100, dtype=torch.int32, device=DEVICE), 3, "k", 64),
+        ValueError, "words must be [..., T/tile, "),
     "codes_from_words_float": (lambda c: layout.codes_from_words(
-        torch.zeros(1, 1, 1, 384, dtype=torch.float32, device=DEVICE), 3, "k", 64), TypeError, "words must have dtype int32"),
+        torch.zeros(1, 1, 1, 384, dtype=torch.float32, device=DEVICE), 3, "k", 64),
+        TypeError, "words must have dtype int32"),
 }
 
 

@@ -40,7 +40,7 @@ def _cache(k, v, bits=3, group_size=64, **kw):
 
 @pytest.mark.parametrize("backend", ["triton", "torch"])
 def test_seed_case(record, device, backend):
-    """The case of *Cross-Byte & Cross-Word 3-Bit KV-Cache Packing, Triton Dequantization & Fused Flash-Decoding*: B*H = 8, S = 256, D = 64, 3 bits."""
+    """The project's first fused-decode case (docs/design.md section 1): B*H = 8, S = 256, D = 64, 3 bits."""
     k, v = random_kv(2, 4, 256, 64, device=device, seed=10)
     q = random_q(2, 4, 64, device=device, seed=11)
     run_checked(record, q, _cache(k, v), backend=backend, original=(k, v))

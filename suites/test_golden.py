@@ -1,6 +1,6 @@
-"""Golden vectors from the explicit formulas of
-*Cross-Byte & Cross-Word 3-Bit KV-Cache Packing, Triton Dequantization & Fused Flash-Decoding*, written out here independently of the
-code under test: b0/b1/b2 from v0..v7 for packing and v0..v7 from b0/b1/b2 for unpacking."""
+"""Golden vectors from the explicit per-octet formulas of the 3-bit byte layout (docs/design.md
+section 3), written out here independently of the code under test: b0/b1/b2 from v0..v7 for
+packing (``seed_pack``) and v0..v7 from b0/b1/b2 for unpacking (``seed_unpack``)."""
 
 from __future__ import annotations
 

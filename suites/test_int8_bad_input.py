@@ -83,7 +83,8 @@ def test_triton_on_cpu_without_interpreter(record):
         "except ValueError as e:\n    print('VALUEERROR', e)\n"
     )
     result = subprocess.run(
-        [sys.executable, "-c", code], env={**env_with_repo(), "TRITON_INTERPRET": "0"}, capture_output=True, text=True, timeout=120
+        [sys.executable, "-c", code], env={**env_with_repo(), "TRITON_INTERPRET": "0"}, capture_output=True, text=True,
+        timeout=120,
     )
     assert "VALUEERROR" in result.stdout and "interpreter" in result.stdout, (
         result.stdout + result.stderr

@@ -1,6 +1,7 @@
-"""INT8 tests of *GPU-Accelerated KV Cache Quantization*, categories 1-3: allocation, data helpers, metric identity.
+"""INT8 tests of *GPU-Accelerated KV Cache Quantization* (docs/design.md section 1), its
+categories 1-3: allocation, data helpers, metric identity.
 
-Names from that document: test_create_fp32, test_create_int8 (here: the float32 and int8 outputs of every
+Names from that work: test_create_fp32, test_create_int8 (here: the float32 and int8 outputs of every
 variant, allocated or passed in poisoned, come back with the right shape, dtype and device, every
 element written); test_fill_range, test_query_fill; test_l2_identical, test_max_abs_identical,
 test_attn_identical (each metric is 0 on identical inputs and exact on a known difference).

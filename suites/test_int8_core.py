@@ -1,6 +1,7 @@
-"""INT8 tests of *GPU-Accelerated KV Cache Quantization*, category 4 (core logic, white box), on every variant, plus the contract's rules.
+"""INT8 tests of *GPU-Accelerated KV Cache Quantization* (docs/design.md section 1), its category 4
+(core logic, white box), on every variant, plus the contract's rules.
 
-Names from that document: test_compute_scales_simple, test_cpu_quant_values, test_cpu_dequant_values. It
+Names from that work: test_compute_scales_simple, test_cpu_quant_values, test_cpu_dequant_values. It
 ran them on its CPU reference only; here every variant must give the same known values. Then the
 rules that make variants agree bit for bit: ties round half to even, a column below 2**-64 gets
 scale 0, NaN/Inf raise, float16/bfloat16 inputs are widened exactly, and random data matches the

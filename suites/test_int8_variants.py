@@ -1,4 +1,5 @@
-"""INT8 tests of *GPU-Accelerated KV Cache Quantization*, categories 5-9: kernel correctness, edge cases, patterns, consistency, stress.
+"""INT8 tests of *GPU-Accelerated KV Cache Quantization* (docs/design.md section 1), its categories
+5-9: kernel correctness, edge cases, patterns, consistency, stress.
 
 Their names there and where they live here (each parametrized over every variant of the device):
   test_gpu_naive / _tiled / _coarsened / _vectorized -> test_gpu_correctness[device-variant-shape]

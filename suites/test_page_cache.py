@@ -351,8 +351,9 @@ def test_torch_and_triton_write_the_same_pool(record, seed, device, bits, dtype,
 # ----------------------------------------------------------------------------- 3. attend
 def _attend_checked(cache: PagedKVCache, q: torch.Tensor, *, via_view: bool = True) -> dict:
     """attend into a NaN-poisoned buffer; every element written; within tolerance of the float64
-    reference on the cache as the decode reads it (codes, sinks and ring), of decode_attention on the view (``via_view``: each Triton decode
-    takes about a second in the interpreter) and of the torch backend."""
+    reference on the cache as the decode reads it (codes, sinks and ring), of decode_attention on
+    the view (``via_view``: each Triton decode takes about a second in the interpreter) and of the
+    torch backend."""
     out = poisoned_like(q)
     result = cache.attend(q, out=out, backend="triton")
     assert result is out, "attend(out=...) must return out"
@@ -946,8 +947,8 @@ BAD = {
                          "backend must be one of"),
     "attend-q-heads-not-multiple": (None, lambda x: x.cache.attend(x.kv(2, 3, 64)[0], backend="triton"), ValueError,
                                     "q_heads (3) must be a positive multiple"),
-    "attend-q-float32": (None, lambda x: x.cache.attend(x.kv(2, 2, 64, dtype=torch.float32)[0], backend="triton"), TypeError,
-                         "q_dtype must be one of"),
+    "attend-q-float32": (None, lambda x: x.cache.attend(x.kv(2, 2, 64, dtype=torch.float32)[0], backend="triton"),
+                         TypeError, "q_dtype must be one of"),
     "attend-out-wrong-shape": (None, lambda x: x.cache.attend(x.kv(2, 2, 64)[0], out=x.kv(2, 2, 32)[0],
                                                                         backend="triton"),
                                ValueError, "out must match q"),

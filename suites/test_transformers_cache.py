@@ -30,7 +30,8 @@ import torch
 from packaging.version import Version
 
 transformers = pytest.importorskip(
-    "transformers", reason="transformers is not installed (the suite's optional dependency: pip install -e .[transformers])")
+    "transformers",
+    reason="transformers is not installed (the suite's optional dependency: pip install -e .[transformers])")
 
 from affine_support import fresh_seed, gpu_or_small  # noqa: E402, F401  (the seed fixture)
 from decode_support import device_params  # noqa: E402
@@ -125,7 +126,8 @@ def _generate(model, ids, mask=None, *, new: int, cache=None, attention="sdpa", 
     sampling seeded with ``sample_seed``: plain, or with generate's arguments ``sampling``) with
     ``attention`` and ``cache``."""
     model.set_attn_implementation(attention)
-    kw = {"do_sample": False} if sample_seed is None else {"do_sample": True, "top_k": 0} if sampling is None else sampling
+    kw = ({"do_sample": False} if sample_seed is None
+          else {"do_sample": True, "top_k": 0} if sampling is None else sampling)
     if sample_seed is not None:
         torch.manual_seed(sample_seed)
     with torch.no_grad():
@@ -178,7 +180,8 @@ def _unit(ref: torch.Tensor, bits: int) -> float:
 
 def _bounds(floor: float, ref: torch.Tensor, bits: int) -> dict:
     """The bounds of a run's per-step logit errors: its worst step and its median step."""
-    return {"worst": floor + WORST_STEP_SPREAD * _unit(ref, bits), "median": floor + MEDIAN_STEP_SPREAD * _unit(ref, bits)}
+    return {"worst": floor + WORST_STEP_SPREAD * _unit(ref, bits),
+            "median": floor + MEDIAN_STEP_SPREAD * _unit(ref, bits)}
 
 
 def _check_within(err: torch.Tensor, bounds: dict) -> None:
@@ -217,8 +220,8 @@ GENERATE = [pytest.param(dtype, 3, id=f"{name}-b3") for name, dtype in DTYPES.it
 def test_greedy_generation_against_the_float_reference(record, seed, device, dtype, bits):
     """Greedy generate with KVBitsCache: the prompt's step equals the DynamicCache run's logits bit
     for bit (exact attention in both); the logit error against float64 teacher forcing of the
-    worst step and of the median step within their bounds; the cache holds prompt + new - 1 tokens per sequence. At the size the
-    bound was measured on, on every device (REFERENCE_SIZE)."""
+    worst step and of the median step within their bounds; the cache holds prompt + new - 1 tokens
+    per sequence. At the size the bound was measured on, on every device (REFERENCE_SIZE)."""
     record.backend, record.device, record.variant = "kvbits", device, f"{str(dtype)[6:]}-b{bits}"
     size = REFERENCE_SIZE
     model, model64 = _models(size, seed, dtype, device)
@@ -299,7 +302,8 @@ def test_left_padded_batch_matches_each_row_alone(record, seed, device, dtype):
         mask[i, size.prompt - row.shape[1]:] = 1
     cache = _kvbits_cache(model, size)
     seq, logits = _generate(model, ids, mask, new=size.new, cache=cache, attention=ATTENTION_NAME)
-    assert [s.paged.lengths() for s in cache.layers] == [[size.prompt + size.new - 1, short + size.new - 1]] * size.layers
+    assert ([s.paged.lengths() for s in cache.layers]
+            == [[size.prompt + size.new - 1, short + size.new - 1]] * size.layers)
     worst, quant = 0.0, 0.0
     for i, row in enumerate(rows):
         alone_seq, alone_logits = _generate(model, row, new=size.new, cache=_kvbits_cache(model, size),
@@ -511,7 +515,8 @@ def test_graph_replayed_generation_stops_at_eos(record, seed, device, kind, eos_
         model.set_attn_implementation(attention)
         try:
             with torch.no_grad():
-                theirs = model.generate(ids, attention_mask=mask, past_key_values=_graph_cache(kind, model, size, size.new)[0],
+                theirs = model.generate(ids, attention_mask=mask,
+                                        past_key_values=_graph_cache(kind, model, size, size.new)[0],
                                         max_new_tokens=size.new, eos_token_id=eos, pad_token_id=PAD, do_sample=False)
         finally:
             model.set_attn_implementation("sdpa")
@@ -576,7 +581,8 @@ def test_graph_replayed_sampling_draws_as_generate(record, seed, device, kind, s
                rerun_tokens_differ_from=repeated, rerun_logits_differ_from=parted)
     assert torch.equal(seq[:, size.prompt:], drawn), "the draws differ from generate's rule on the same logits"
     if _reproducible(kind, device):
-        assert parted is None and repeated is None, f"a seeded rerun differs: logits from {parted}, tokens from {repeated}"
+        assert parted is None and repeated is None, \
+            f"a seeded rerun differs: logits from {parted}, tokens from {repeated}"
     else:  # the same noise: tokens part only where the logits already do
         assert repeated is None or (parted is not None and parted <= repeated), \
             f"a seeded rerun's tokens differ from step {repeated}, its logits from {parted}"
@@ -689,7 +695,8 @@ def test_against_transformers_quantized_cache(record, seed, device, backend, mod
     on, on every device (REFERENCE_SIZE)."""
     top = module.split(".")[0]  # find_spec of a dotted name raises when its parent is missing
     # transformers reads the installed version: files left by an uninstalled package are missing
-    if dist_version(package) is None or importlib.util.find_spec(top) is None or importlib.util.find_spec(module) is None:
+    if (dist_version(package) is None or importlib.util.find_spec(top) is None
+            or importlib.util.find_spec(module) is None):
         pytest.skip(f"{package} is not installed (transformers' QuantizedCache backend {backend!r})")
     record.backend, record.device, record.variant = f"kvbits-vs-{backend}", device, f"fp16-b{bits}"
     size = REFERENCE_SIZE
@@ -862,5 +869,6 @@ def test_a_checkout_hides_no_hub_kernels_package(record):
                hub_kernels_range=f"[{KERNELS_MIN_VERSION}, {KERNELS_MAX_VERSION})")
     assert origin is None or root not in origin.parents, f"`import kernels` finds {origin} inside the checkout"
     assert (origin is None) == (installed is None), f"`import kernels` finds {origin}; its distribution: {installed}"
-    in_range = installed is not None and (Version(KERNELS_MIN_VERSION) <= Version(installed) < Version(KERNELS_MAX_VERSION))
+    in_range = installed is not None and (
+        Version(KERNELS_MIN_VERSION) <= Version(installed) < Version(KERNELS_MAX_VERSION))
     assert is_kernels_available() == in_range, f"transformers' view of the hub loader ({installed}) is not its own"

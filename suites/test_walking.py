@@ -54,7 +54,8 @@ def test_walking_values_through_every_lane(record, device, backend, bits):
 
 @pytest.mark.parametrize(("device", "backend"), device_backend_params(3))
 def test_three_bit_straddling_lanes_in_both_layouts(record, device, backend):
-    """The named straddlers of *Cross-Byte & Cross-Word 3-Bit KV-Cache Packing, Triton Dequantization & Fused Flash-Decoding*: v2, v5 in each octet; lanes 10 and 21 across words."""
+    """The 3-bit values that straddle a boundary (docs/design.md section 3): v2, v5 in each octet;
+    lanes 10 and 21 across words."""
     record.backend, record.device = backend, device
     rows, labels = _walking_rows(3, 32)
     rows = rows.to(device)

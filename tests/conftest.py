@@ -40,7 +40,8 @@ def rendered(tmp_path_factory) -> dict:
     history = root / "history.sqlite"
     write_history(history, root / "earlier")
     out = root / "report.html"
-    assert main(["report", str(root / "runs"), "-o", str(out), "--baseline", str(baseline), "--history", str(history)]) == 0
+    assert main(["report", str(root / "runs"), "-o", str(out), "--baseline", str(baseline),
+                 "--history", str(history)]) == 0
     return {
         "root": root,
         "legs": legs,

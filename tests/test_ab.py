@@ -120,7 +120,8 @@ cases = {{"test_shift": SHIFT, "test_same": 1.0, "test_{side}_only": 2.0}}
 with open(out / "records.jsonl", "w") as fh:
     for case, ms in cases.items():
         fh.write(json.dumps({{"suite": "bench_fake", "case": case, "nodeid": "suites/test_bench_fake.py::" + case,
-                             "outcome": "passed", "leg": "cpu-fake", "metrics": {{"ms": ms * (1 + rng.gauss(0, 0.005))}}}}) + "\\n")
+                             "outcome": "passed", "leg": "cpu-fake",
+                             "metrics": {{"ms": ms * (1 + rng.gauss(0, 0.005))}}}}) + "\\n")
 commit = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip()
 (out / "manifest.json").write_text(json.dumps({{"run_id": "cpu-fake@" + out.name, "leg": "cpu-fake", "complete": True,
                                                "started": "2026-01-01T00:00:00", "env": {{"commit": commit}}}}))

@@ -149,7 +149,8 @@ document.querySelectorAll("div.chart > svg").forEach((svg, i) => {
     const r = el.getBoundingClientRect();
     if (r.width === 0 && r.height === 0) continue;
     if (r.left < box.left - 1 || r.right > box.right + 1 || r.top < box.top - 1 || r.bottom > box.bottom + 1)
-      out.outside.push([svg.parentElement.dataset.title, el.id || el.textContent, r.top - box.top, r.bottom - box.bottom]);
+      out.outside.push([svg.parentElement.dataset.title, el.id || el.textContent,
+                        r.top - box.top, r.bottom - box.bottom]);
   }
 });
 const pre = document.createElement("pre"); pre.id = "measured"; pre.textContent = JSON.stringify(out);

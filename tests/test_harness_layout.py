@@ -87,7 +87,8 @@ def room_graph(graph: dict[str, set[str]]) -> dict[str, set[str]]:
     for module, targets in graph.items():
         if module == "harness":
             continue
-        rooms.setdefault(room(module), set()).update(room(t) for t in targets if room(t) not in (room(module), "harness"))
+        rooms.setdefault(room(module), set()).update(
+            room(t) for t in targets if room(t) not in (room(module), "harness"))
     return rooms
 
 

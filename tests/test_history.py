@@ -249,7 +249,8 @@ def test_case_series_gives_each_case_per_run_oldest_first(tmp_path):
     runs, series = history.case_series("ms", leg="gpu-torch2.11.0-triton3.6.0", gpu="NVIDIA H200", last=3,
                                        nodeids=nodeids, path=db)
     assert [r["run_id"].split("@")[1] for r in runs] == ["b1", "b2", "b3"]  # the newest 3, not the suites run
-    assert runs[0]["commit"] == "0123456789abcdef0123456789abcdef01234567" and runs[0]["started"].startswith("2026-12-02")
+    assert runs[0]["commit"] == "0123456789abcdef0123456789abcdef01234567"
+    assert runs[0]["started"].startswith("2026-12-02")
     assert series[("suites/test_bench_decode.py::test_bench[1]", "fused")] == pytest.approx([2.2, 2.4, 2.6])
     assert series[("suites/test_bench_decode.py::test_broken", None)] == [None, None, None]  # failed: no figure
     everything, _ = history.case_series("ms", leg="gpu-torch2.11.0-triton3.6.0", gpu="NVIDIA H200", last=10, path=db)

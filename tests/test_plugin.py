@@ -183,7 +183,8 @@ pytestmark = pytest.mark.bench
 def test_timed(record, shape):
     record.add(ms=1.25 if shape == "small" else 2.5, pct_of_peak=40.0)
 ''')
-    result = pytester.runpytest("-p", "harness.plugin", "--results-dir", str(tmp_path / "run"), "-p", "no:cacheprovider")
+    result = pytester.runpytest("-p", "harness.plugin", "--results-dir", str(tmp_path / "run"),
+                                "-p", "no:cacheprovider")
     result.assert_outcomes(passed=2)
     output = result.stdout.str() + result.stderr.str()
     assert "[1/2] bench: bench_inner::test_timed[small] ... 1.25 ms  (40.0% of copy)" in output

@@ -106,7 +106,8 @@ def test_the_summary_says_to_download_the_report_only_in_ci(tmp_path, monkeypatc
         monkeypatch.setenv("CI", ci)
     out = tmp_path / "page.html"
     assert main(["report", str(_passing_run(tmp_path)), "-o", str(out), "--no-history"]) == 0
-    assert f"Full report: {where.format(path=md_escape(str(out)))}." in out.with_suffix(".md").read_text(encoding="utf-8")
+    markdown = out.with_suffix(".md").read_text(encoding="utf-8")
+    assert f"Full report: {where.format(path=md_escape(str(out)))}." in markdown
 
 
 @pytest.mark.parametrize("content", [None, "{not json", json.dumps({"steps": "nope"}), json.dumps([1, 2])])

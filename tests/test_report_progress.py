@@ -20,7 +20,8 @@ class FlushCounter(io.StringIO):
 def test_report_and_step_lines():
     stream = FlushCounter()
     progress = BenchProgress(12, label="decode", stream=stream)
-    assert progress.report("S=4096 splitk", 0.61234, "2.4 TB/s") == "[ 1/12] decode: S=4096 splitk ... 0.6123 ms  (2.4 TB/s)"
+    assert (progress.report("S=4096 splitk", 0.61234, "2.4 TB/s")
+            == "[ 1/12] decode: S=4096 splitk ... 0.6123 ms  (2.4 TB/s)")
     with progress.step("S=8192 dot") as step:
         step.ms = 1.5
     with progress.step("timed by wall clock"):

@@ -12,7 +12,8 @@ from synthetic import HOSTILE, env_for, rec, write_run
 
 from harness.report import load_results, render_html, summarize
 
-EXTERNAL = re.compile(r"""(?:src|href|action|poster)\s*=\s*["']?\s*(?:https?:)?//|url\(\s*["']?\s*(?:https?:)?//|@import""", re.I)
+EXTERNAL = re.compile(r"""(?:src|href|action|poster)\s*=\s*["']?\s*(?:https?:)?//"""
+                      r"""|url\(\s*["']?\s*(?:https?:)?//|@import""", re.I)
 
 
 class Page(HTMLParser):
@@ -175,7 +176,8 @@ def _svg_texts(charts) -> str:
 def test_speed_and_bandwidth_charts_draw_only_cases_that_passed(tmp_path):
     from harness.report.charts import PASSED_ONLY, all_charts
 
-    figures = {"ms": 1e-3, "gbps": 9000.0, "pct_of_peak": 4000.0, "pct_of_read_floor": 900.0, "speedup": {"base": 110.0}}
+    figures = {"ms": 1e-3, "gbps": 9000.0, "pct_of_peak": 4000.0, "pct_of_read_floor": 900.0,
+               "speedup": {"base": 110.0}}
     records = [rec("bench_x", "t[ok]", backend="triton", variant="ok", device="cuda:0",
                    metrics={"ms": 0.1, "gbps": 20.0, "pct_of_peak": 50.0, "pct_of_read_floor": 40.0,
                             "speedup": {"base": 1.5}})]
@@ -276,7 +278,8 @@ def test_errors_far_above_the_rest_leave_the_axis_to_the_bulk_and_are_named(tmp_
 def test_an_error_chart_with_nothing_off_the_axis_says_nothing_of_it(tmp_path):
     from harness.report.charts import error_chart
 
-    run_dir = write_run(tmp_path / "r", [rec("affine", f"t[{i}]", metrics={"max_abs_err": 10.0 ** -i}) for i in range(6)],
+    run_dir = write_run(tmp_path / "r",
+                        [rec("affine", f"t[{i}]", metrics={"max_abs_err": 10.0 ** -i}) for i in range(6)],
                         leg="L", env=env_for("L", "interpreter"))
     chart = error_chart(summarize(load_results([run_dir])))
     assert "off the axis" not in chart.caption and "named below" not in _svg_texts([chart])
@@ -301,7 +304,8 @@ def test_suites_list_each_case_once_with_one_cell_per_leg(rendered):
     cases = block[block.index('<table class="cases">'):]
     rows = re.findall(r"<tr(?: class=\"screen-only\")?><td class=\"t case\">(.*?)</td>", cases)
     assert len(rows) == len(set(rows)) == 9  # 4 interpreter cases, 5 GPU cases (S257 failed on one leg)
-    assert rows[0] in ("test_decode_matches_fp64[cuda:0-S257]", "test_decode_long_context[S1048576]")  # not passing first
+    # not passing first
+    assert rows[0] in ("test_decode_matches_fp64[cuda:0-S257]", "test_decode_long_context[S1048576]")
     assert cases.count('<td class="lc">') == 9 * 3 and cases.count("<details>") == 9
     assert re.search(r'<th class="leg" id="c\d+-0"><a class="self" href="#c\d+-0">cpu-interpreter</a>', cases)
     assert "15.5\N{MULTIPLICATION SIGN} tol" in cases  # the failed case's error against its tolerance
@@ -326,7 +330,8 @@ def test_long_environment_values_are_folded_and_the_tables_wrap(tmp_path):
     run_dir = write_run(tmp_path / "r", [rec("bits", "test_a", "failed", message="E   " + "y" * 500)], leg="L",
                         env=env_for("L", "gpu"))
     manifest = run_dir / "manifest.json"
-    manifest.write_text(manifest.read_text().replace('"args": [', '"args": [' + ", ".join(f'"{a}"' for a in args) + ", "))
+    listed = ", ".join(f'"{a}"' for a in args)
+    manifest.write_text(manifest.read_text().replace('"args": [', '"args": [' + listed + ", "))
     html = render_html(summarize(load_results([run_dir])))
     env = _section(html, "environment")
     assert '<table class="env">' in env and '<col class="name">' in env
@@ -334,7 +339,8 @@ def test_long_environment_values_are_folded_and_the_tables_wrap(tmp_path):
     assert folded and len(folded.group(1)) == ENV_FOLD // 2 and "x" * 400 in folded.group(2)
     assert '<table class="failing">' in _section(html, "failing")
     for rule in ("table.failing, table.env, table.bad-input { table-layout: fixed; width: 100%; min-width: 600px; }",
-                 "table.failing td, table.env td, table.bad-input td { white-space: normal; overflow-wrap: anywhere; }"):
+                 "table.failing td, table.env td, table.bad-input td "
+                 "{ white-space: normal; overflow-wrap: anywhere; }"):
         assert rule in html
 
 
@@ -401,6 +407,7 @@ def test_a_leg_without_a_tolerance_beside_one_with_it_renders(tmp_path):
     shows the ratio column for the first and nothing for the second, and the page renders."""
     with_tol = write_run(tmp_path / "a", [rec("affine", "test_x", metrics={"max_abs_err": 2e-3, "tolerance": 1e-3})],
                          leg="L1", env=env_for("L1", "interpreter"))
-    skipped = write_run(tmp_path / "b", [rec("affine", "test_x", "skipped")], leg="L2", env=env_for("L2", "interpreter"))
+    skipped = write_run(tmp_path / "b", [rec("affine", "test_x", "skipped")], leg="L2",
+                        env=env_for("L2", "interpreter"))
     html = render_html(summarize(load_results([with_tol, skipped])))
     assert "L1" in html and "L2" in html and "badnum" in html  # 2x its tolerance is marked on L1

@@ -105,8 +105,9 @@ def test_the_headline_names_the_case_nearest_its_tolerance_and_the_wall_time(leg
     lines = text_summary(summary, width=200).splitlines()
     assert lines[0].endswith("of test time, 7m 12s wall)")
     assert lines[2:4] == ["  126M states/elements checked, 0 bit errors",
-                          "  worst error 15.5\N{MULTIPLICATION SIGN} its tolerance: suites/decode::test_decode_matches_fp64"
-                          "[cuda:0-S257] [triton/splitk] on torch2.10-triton3.5 (of 27 cases with a tolerance)"]
+                          "  worst error 15.5\N{MULTIPLICATION SIGN} its tolerance: "
+                          "suites/decode::test_decode_matches_fp64[cuda:0-S257] [triton/splitk] on "
+                          "torch2.10-triton3.5 (of 27 cases with a tolerance)"]
 
 
 def test_the_pipeline_line_names_its_leg_and_leaves_the_wall_time_to_the_runs(legs):

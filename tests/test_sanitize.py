@@ -45,7 +45,8 @@ RACECHECK_DIRTY = """\
 ========= RACECHECK SUMMARY: 1 hazard displayed (1 error, 0 warnings)
 """
 
-RACECHECK_CLEAN = "========= COMPUTE-SANITIZER\n========= RACECHECK SUMMARY: 0 hazards displayed (0 errors, 2 warnings)\n"
+RACECHECK_CLEAN = ("========= COMPUTE-SANITIZER\n"
+                   "========= RACECHECK SUMMARY: 0 hazards displayed (0 errors, 2 warnings)\n")
 
 INITCHECK_DIRTY = """\
 ========= COMPUTE-SANITIZER

@@ -289,13 +289,15 @@ MUTANTS: list[dict] = [
      "select": SCALE_RANGE, "k": "triton"},
     # ------------------------------------------------------------------ fused decode
     {"name": "decode-max-not-rescaled", "path": DECODE,
-     "original": "    alpha = tl.exp2(m - m_new)\n    p = tl.exp2(qk - m_new[None, :])\n    l_acc = l_acc * alpha[None, :] + p",
+     "original": "    alpha = tl.exp2(m - m_new)\n    p = tl.exp2(qk - m_new[None, :])\n"
+                 "    l_acc = l_acc * alpha[None, :] + p",
      "mutated": "    alpha = tl.where(m > float(\"-inf\"), 1.0, 0.0)\n    p = tl.exp2(qk - m_new[None, :])\n"
                 "    l_acc = l_acc * alpha[None, :] + p",
      "breaks": "online softmax over code tiles: sum and accumulator not rescaled when the max grows",
      "select": f"{FUSED}::test_sm_scale_and_splits"},
     {"name": "decode-residual-max-not-rescaled", "path": DECODE,
-     "original": "    alpha = tl.exp2(m - m_new)\n    p = tl.exp2(qk - m_new[:, None])\n    l = l * alpha + tl.sum(p, 1)",
+     "original": "    alpha = tl.exp2(m - m_new)\n    p = tl.exp2(qk - m_new[:, None])\n"
+                 "    l = l * alpha + tl.sum(p, 1)",
      "mutated": "    alpha = tl.where(m > float(\"-inf\"), 1.0, 0.0)\n    p = tl.exp2(qk - m_new[:, None])\n"
                 "    l = l * alpha + tl.sum(p, 1)",
      "breaks": "online softmax over the residual window: not rescaled when the max grows",
@@ -318,7 +320,8 @@ MUTANTS: list[dict] = [
     {"name": "decode-page-wrap-late", "path": DECODE,
      "original": "wrap = (off >= page_size).to(tl.int32)",
      "mutated": "wrap = (off > page_size).to(tl.int32)",
-     "breaks": "the tile after a page's last one is read past that page (the next block-table entry taken one tile late)",
+     "breaks": "the tile after a page's last one is read past that page (the next block-table entry taken one "
+               "tile late)",
      "select": f"{FUSED}::test_paged_equals_contiguous"},
     {"name": "decode-merge-channel-block", "path": DECODE,
      "original": "d = tl.program_id(2) * DM + tl.arange(0, DM)",
@@ -351,7 +354,8 @@ MUTANTS: list[dict] = [
      "breaks": "the window before the partial group is attended from codes and from the ring both",
      "select": f"{ATTEND}", "k": "fp", "ci": True},
     {"name": "append-ring-row-from-group", "path": APPEND,
-     "original": "res = tl.load(r_ptr + b * stride_rb + h * stride_rh + (pos % RING) * stride_rt + c, mask=old, other=0.0)",
+     "original": "res = tl.load(r_ptr + b * stride_rb + h * stride_rh + (pos % RING) * stride_rt + c, "
+                 "mask=old, other=0.0)",
      "mutated": "res = tl.load(r_ptr + b * stride_rb + h * stride_rh + t * stride_rt + c, mask=old, other=0.0)",
      "breaks": "a group completed from the ring reads its first tokens from the ring's first rows",
      "select": f"{GROWTH}", "k": "fp and triton"},
@@ -389,7 +393,8 @@ MUTANTS: list[dict] = [
      "original": "last = (w0s9 & 0x00400040) | ((w1 >> 8) & 0x00800080) | ((w2 >> 7) & 0x01000100)",
      "mutated": "last = (w0s9 & 0x00400040) | ((w1 >> 9) & 0x00800080) | ((w2 >> 7) & 0x01000100)",
      "breaks": "3-bit unpack (three classes) reads the last pair's bit of plane 1 one bit off",
-     "select": ["suites/test_decode_layout.py::test_kernel_three_bit_pairs_match_the_twin", f"{FUSED}::test_seed_case"]},
+     "select": ["suites/test_decode_layout.py::test_kernel_three_bit_pairs_match_the_twin",
+                f"{FUSED}::test_seed_case"]},
     {"name": "decode-top-bit-shift-two-classes", "path": DECODE,
      "original": "last = (w0s12 & 0x00080008) | ((w1 >> 11) & 0x00100010) | ((w2 >> 10) & 0x00200020)",
      "mutated": "last = (w0s12 & 0x00080008) | ((w1 >> 12) & 0x00100010) | ((w2 >> 10) & 0x00200020)",
@@ -397,13 +402,17 @@ MUTANTS: list[dict] = [
      "select": ["suites/test_decode_layout.py::test_kernel_three_bit_pairs_match_the_twin",
                f"{FUSED}::test_v_groups_split_by_words_and_registers"]},
     {"name": "decode-class-factor-value", "path": DECODE,
-     "original": "tl.where(cls == 1, 0.125, 0.015625)),\n                tl.where(cls == 0, 1.0, tl.where(cls == 1, 8.0, 64.0)))",
-     "mutated": "tl.where(cls == 1, 0.25, 0.015625)),\n                tl.where(cls == 0, 1.0, tl.where(cls == 1, 4.0, 64.0)))",
+     "original": "tl.where(cls == 1, 0.125, 0.015625)),\n"
+                 "                tl.where(cls == 0, 1.0, tl.where(cls == 1, 8.0, 64.0)))",
+     "mutated": "tl.where(cls == 1, 0.25, 0.015625)),\n"
+                "                tl.where(cls == 0, 1.0, tl.where(cls == 1, 4.0, 64.0)))",
      "breaks": "3-bit codes held as code * 2^-21 weighted by 1/4 instead of 1/8",
      "select": f"{FUSED}::test_seed_case", "k": "triton"},
     {"name": "decode-class-two-factor-value", "path": DECODE,
-     "original": "tl.where(cls == 1, 0.125, 0.015625)),\n                tl.where(cls == 0, 1.0, tl.where(cls == 1, 8.0, 64.0)))",
-     "mutated": "tl.where(cls == 1, 0.125, 0.03125)),\n                tl.where(cls == 0, 1.0, tl.where(cls == 1, 8.0, 32.0)))",
+     "original": "tl.where(cls == 1, 0.125, 0.015625)),\n"
+                 "                tl.where(cls == 0, 1.0, tl.where(cls == 1, 8.0, 64.0)))",
+     "mutated": "tl.where(cls == 1, 0.125, 0.03125)),\n"
+                "                tl.where(cls == 0, 1.0, tl.where(cls == 1, 8.0, 32.0)))",
      "breaks": "3-bit codes held as code * 2^-18 weighted by 1/32 instead of 1/64",
      "select": f"{FUSED}::test_seed_case", "k": "triton"},
     {"name": "decode-class-factor-bit", "path": DECODE,
@@ -439,7 +448,8 @@ MUTANTS: list[dict] = [
     {"name": "decode-weight-halves-swapped", "path": DECODE,
      "original": "return lo16 | (hi16 << 16)",
      "mutated": "return hi16 | (lo16 << 16)",
-     "breaks": "each word of V weights holds token t + 8's weight where token t's belongs (interpreter twin of the packing)",
+     "breaks": "each word of V weights holds token t + 8's weight where token t's belongs (interpreter twin of "
+               "the packing)",
      "select": f"{FUSED}::test_seed_case", "k": "triton"},
     {"name": "decode-v-group-halves-interleaved", "path": DECODE,
      "original": "first, last = tl.split(tl.permute(tl.reshape(x, [T, 2, R]), (0, 2, 1)))",
@@ -454,8 +464,8 @@ MUTANTS: list[dict] = [
      "select": f"{FUSED}::test_v_groups_split_by_words_and_registers"},
     {"name": "decode-v-group-registers-interleaved", "path": DECODE,
      "original": "regs = _split_rows(tl.reshape(pairs, [T, REGS]), T, PARTS)",
-     "mutated": "regs = _split_rows(tl.reshape(tl.permute(tl.reshape(pairs, [T, 2, REGS // 2]), (0, 2, 1)), [T, REGS]), "
-                "T, PARTS)",
+     "mutated": "regs = _split_rows(tl.reshape(tl.permute(tl.reshape(pairs, [T, 2, REGS // 2]), (0, 2, 1)), "
+                "[T, REGS]), T, PARTS)",
      "breaks": "V channel groups within one group of codes taken from interleaved registers instead of its "
                "top-bit blocks",
      "select": f"{FUSED}::test_v_groups_split_by_words_and_registers"},

@@ -1,11 +1,16 @@
 """The read floor: the time one kernel takes to do nothing but read a given number of bytes.
 
-The copy bandwidth (harness.measure.timing) is measured on 2 GB, where a kernel's fixed costs vanish. A
-kernel that reads tens of megabytes pays them in full: its launch, its programs' first memory
-latency, the wave's ragged end. ``read_floor_ms(nbytes)`` times a flat, coalesced read of
+The copy bandwidth (harness.measure.timing) is measured on 2 GB, where a kernel's fixed costs
+vanish. A kernel that reads tens of megabytes pays them in full: its launch, its programs' first
+memory latency, the wave's ragged end. ``read_floor_ms(nbytes)`` times a flat, coalesced read of
 ``nbytes`` (each program XOR-reduces a contiguous chunk with pipelined loads that bypass L1)
 the way the kernels it bounds are timed (graph-replayed, inputs rotated past the L2), so a
 benchmark can say how far a kernel is from anything that reads the same bytes at that size.
+
+Kernel contract (``_read_chunks_kernel``): x int32 ``[n]`` contiguous, out int32 ``[programs]``;
+``out[p] = XOR of x[p * per_program : min(n, (p + 1) * per_program)]``, so the XOR of out is the
+XOR of x and every word is read once. Tested against numpy's XOR of the same words in
+``tests/test_read_floor.py``; used by ``suites/test_bench_decode.py`` (``pct_of_read_floor``).
 """
 
 from __future__ import annotations

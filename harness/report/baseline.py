@@ -439,7 +439,8 @@ def _confirm(finding: Finding, again: Record | None, entry: dict, k: float, floo
     """Weigh a suspected slowdown against its re-run: confirmed when the re-run is slower again
     beyond the noise (a slowdown just past the threshold need not cross it twice), unconfirmed
     when it is not; left unsettled (a regression all the same) when the re-run has no figure."""
-    change = timing_change(entry, again.metrics, k=k, floor_pct=floor_pct) if again and again.outcome == "passed" else None
+    change = (timing_change(entry, again.metrics, k=k, floor_pct=floor_pct)
+              if again and again.outcome == "passed" else None)
     if change is None:
         finding.note += "; its re-run has no figure"
         return

@@ -264,8 +264,8 @@ def read_floor_charts(summary: Summary, colors) -> list[Chart]:
             title = f"{suite}: % of the read floor ({_env_text(env)})"
             fig = grouped_barh(rows, series, colors, refline=100.0, reflabel="read floor",
                                xlabel="read floor ms / kernel ms, as %", value_text=lambda v: f"{v:.0f}%")
-            caption = ("the time of one kernel that only reads the same bytes (harness.measure.read_floor), timed as the "
-                       f"kernel is, over the kernel's time; {PASSED_ONLY}")
+            caption = ("the time of one kernel that only reads the same bytes (harness.measure.read_floor), "
+                       f"timed as the kernel is, over the kernel's time; {PASSED_ONLY}")
             charts.append(Chart("bandwidth", suite, title, caption, figure_uri(fig), f"bar chart: {title}", env,
                                 "read floor"))
     return charts

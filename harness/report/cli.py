@@ -48,7 +48,8 @@ def build_parser() -> argparse.ArgumentParser:
     _common(report)
     report.add_argument("-o", "--output", default="reports/report.html", metavar="HTML",
                         help="the HTML page (default %(default)s)")
-    report.add_argument("--junit", metavar="PATH", help="JUnit XML path (default: <output stem>.junit.xml beside the page)")
+    report.add_argument("--junit", metavar="PATH",
+                        help="JUnit XML path (default: <output stem>.junit.xml beside the page)")
     report.add_argument("--no-junit", action="store_true", help="do not write JUnit XML")
     report.add_argument("--summary-md", metavar="PATH",
                         help="append the Markdown summary to PATH (e.g. $GITHUB_STEP_SUMMARY); "

@@ -65,7 +65,8 @@ def describe(goal: Goal) -> str:
     """``bench_decode::case [variant] speedup.sdpa_fp16 3.40 (goal >= 4) on leg``."""
     value = "no figure" if goal.value is None else fmt_sig(goal.value)
     variant = f" [{goal.variant}]" if goal.variant else ""
-    return f"{goal.suite}::{goal.case}{variant} {goal.figure} {value} (goal >= {fmt_sig(goal.least)}) on {goal.run_label}"
+    return (f"{goal.suite}::{goal.case}{variant} {goal.figure} {value} (goal >= {fmt_sig(goal.least)}) "
+            f"on {goal.run_label}")
 
 
 def goals_line(goals: list[Goal]) -> str:

@@ -276,5 +276,6 @@ def read_steps(path: str | os.PathLike) -> dict | None:
         steps.append({"step": str(step["step"]), "rc": None if rc is None else int(rc), "ok": step.get("ok") is True,
                       "seconds": _finite(step.get("seconds"), 0.0)})
     gpus = data.get("gpus")
-    return {"kind": str(data.get("kind", "?")), "leg": str(data.get("leg") or ""), "wall_s": _finite(data.get("wall_s"), 0.0),
+    return {"kind": str(data.get("kind", "?")), "leg": str(data.get("leg") or ""),
+            "wall_s": _finite(data.get("wall_s"), 0.0),
             "gpus": [str(g) for g in gpus] if isinstance(gpus, list) else [], "steps": steps}

@@ -46,7 +46,8 @@ ENV_ROWS = [
     ("mode", lambda run, s: run.mode),
     ("host", lambda run, s: run.env.get("host")),
     ("GPU", lambda run, s: _gpus(run)),
-    ("driver", lambda run, s: ", ".join(sorted({str(g.get("driver")) for g in run.env.get("gpus") or [] if g.get("driver")}))),
+    ("driver", lambda run, s: ", ".join(sorted({str(g.get("driver"))
+                                                for g in run.env.get("gpus") or [] if g.get("driver")}))),
     ("CUDA (torch)", lambda run, s: run.env.get("torch_cuda")),
     ("nvcc", lambda run, s: run.env.get("nvcc")),
     ("torch", lambda run, s: run.env.get("torch")),
@@ -62,7 +63,8 @@ ENV_ROWS = [
     ("commit", lambda run, s: run.env.get("commit")),
     ("CI", lambda run, s: run.env.get("ci")),
     ("started", lambda run, s: min(filter(None, run.manifest_values("started")), default=None)),
-    ("finished", lambda run, s: None if None in run.manifest_values("finished") else max(run.manifest_values("finished"))),
+    ("finished", lambda run, s: (None if None in run.manifest_values("finished")
+                                 else max(run.manifest_values("finished")))),
     ("complete", lambda run, s: "yes" if run.complete else "NO"),
     ("exit status", lambda run, s: _each(run, lambda m: m.get("exitstatus"))),
     ("where the time went", lambda run, s: _each(run, lambda m: timeline.describe(m.get("timeline")))),

@@ -131,7 +131,8 @@ def tradeoff_chart(group: str, points: list[Point]) -> Chart:
         finish_log_log(ax, "decode step, ms (median)", "attention-output error (relative RMS)")
     on_front = ", ".join(p.method for p in front)
     graphs = (f" Hollow, joined to its eager point: the step replayed from a CUDA graph "
-              f"({', '.join(p.method for p in graphed)}; the others cannot be captured as they run)." if graphed else "")
+              f"({', '.join(p.method for p in graphed)}; the others cannot be captured as they run)."
+              if graphed else "")
     caption = (f"{len(points)} methods, eager steps; on the Pareto front (nothing both faster and more accurate): "
                f"{on_front}. Error against float64 attention on the original K/V.{graphs}")
     return Chart("tradeoff", "", clean_text(group), caption, figure_uri(fig),

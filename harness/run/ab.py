@@ -248,7 +248,8 @@ def run_ab(setup: Setup) -> Outcome:
 
 def render_page(reports_dir: Path, ab: dict, python: str = sys.executable) -> int:
     """``reports/ab.html``: the last head run's report with the A/B section."""
-    heads = [d for d in ab_results.run_dirs_of(ab, reports_dir) if d.name.startswith(f"{RUN_PREFIX}head-") and d.is_dir()]
+    heads = [d for d in ab_results.run_dirs_of(ab, reports_dir)
+             if d.name.startswith(f"{RUN_PREFIX}head-") and d.is_dir()]
     if not heads:
         _say("report: no head run to render")
         return 1

@@ -1,11 +1,13 @@
-// CPU baseline for INT8 per-channel symmetric quantization (the CPU code of *GPU-Accelerated KV Cache Quantization*).
+// CPU baseline for INT8 per-channel symmetric quantization: the "cpu_baseline" variant of
+// kvbits/int8.py, shaped as the CPU code of *GPU-Accelerated KV Cache Quantization*
+// (docs/design.md section 1; its quant_cpu.c).
 //
-// x: float32 [T, D] row-major, contiguous.  scales: float32 [D].  q: int8 [T, D].
+// x: float32 [T, D] row-major, contiguous.  scales: float32 [D].  q: int8 [T, D].  out: float32 [T, D].
 //
 //   int8_cpu_compute_scales  OpenMP over columns: each thread scans whole columns (strided reads),
-//                            as the origin document's compute_scales() does.
-//   int8_cpu_quantize        one serial loop over every element (the origin document's quantize_matrix()).
-//   int8_cpu_dequantize      one serial loop over every element (the origin document's dequantize_matrix()).
+//                            as that work's compute_scales() does.
+//   int8_cpu_quantize        one serial loop over every element (that work's quantize_matrix()).
+//   int8_cpu_dequantize      one serial loop over every element (that work's dequantize_matrix()).
 //
 // The arithmetic is the contract of kvbits/int8.py, kept bit for bit by every variant:
 //   amax_d = max_t |x[t, d]|, compared by the IEEE bit pattern of |x| (so NaN and Inf dominate)
@@ -14,6 +16,10 @@
 //   q      = round_half_even(clamp(x * inv_d, -128, 127))   (one IEEE multiply)
 //   x_hat  = float(q) * s_d                                 (one IEEE multiply)
 // Build with -ffp-contract=off and without -ffast-math so that nothing is fused or reassociated.
+//
+// Tested bit for bit against a float64 oracle of this arithmetic (suites/int8_support.py: oracle)
+// and against the torch variant, in suites/test_int8_basics.py, test_int8_core.py and
+// test_int8_variants.py; it is the baseline of the speedups in test_bench_int8.py.
 
 #include <cfenv>
 #include <cmath>

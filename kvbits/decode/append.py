@@ -25,6 +25,15 @@ tokens into the ring and its first into the sinks, and the last program of seque
 its count to ``seq_lens[b]`` (no second launch).
 
 The torch path does the same on the host (any device): it reads the lengths, so it synchronizes.
+
+Contract. Per completed group: codes, scales and zeros of :mod:`kvbits.affine` (``_quantize_torch``
+bit for bit), the codes in the page's words as :func:`kvbits.decode.layout.pack_tile` lays them.
+Shapes and dtypes: k, v fp16/bf16 ``[B, H, T, D]`` (or one token ``[B, H, D]``), the cache's
+dtype; chunk lengths int32 ``[B]`` or None; the pool as :class:`~kvbits.decode.paged.PagedQuantizedKV`
+holds it (words int32 ``[NP, H, P/TILE, W]``, K scales and zeros ``[NP, H, P/G, D]``, V's
+``[NP, H, P, D/G]``, fp16/fp32); errors int32 ``[1]``, ERROR_* bits or-ed in. Tested against
+:func:`append_torch` (the same pool, tensor for tensor) and one-shot ``quantize_kv`` of each
+sequence's tokens, in ``suites/test_page_cache.py``; speed in ``suites/test_bench_decode_step.py``.
 """
 
 from __future__ import annotations
@@ -240,13 +249,15 @@ def _append_kernel(
     if placed:
         if role == 0:
             _append_role(k_ptr, stride_xb, stride_xh, stride_xt, kr_ptr, stride_rb, stride_rh, stride_rt,
-                         ksink_ptr, stride_sink_b, stride_sink_h, stride_sink_t, kw_ptr, stride_kw_p, stride_kw_h, stride_kw_t, ks_ptr, kz_ptr, stride_ks_p, stride_ks_h,
+                         ksink_ptr, stride_sink_b, stride_sink_h, stride_sink_t,
+                         kw_ptr, stride_kw_p, stride_kw_h, stride_kw_t, ks_ptr, kz_ptr, stride_ks_p, stride_ks_h,
                          stride_ks_g, k_table_ptr, err_ptr, b, h, j, share, held, n_new, page_size, bt_ptr,
                          stride_bt_b, D, G, BITS, TILE, SINKS, RING, SHARES, WORDS, True, SCALE_FP16, FLOOR,
                          SCALE_MAX, INTERPRET)
         else:
             _append_role(v_ptr, stride_xb, stride_xh, stride_xt, vr_ptr, stride_rb, stride_rh, stride_rt,
-                         vsink_ptr, stride_sink_b, stride_sink_h, stride_sink_t, vw_ptr, stride_vw_p, stride_vw_h, stride_vw_t, vs_ptr, vz_ptr, stride_vs_p, stride_vs_h,
+                         vsink_ptr, stride_sink_b, stride_sink_h, stride_sink_t,
+                         vw_ptr, stride_vw_p, stride_vw_h, stride_vw_t, vs_ptr, vz_ptr, stride_vs_p, stride_vs_h,
                          stride_vs_t, v_table_ptr, err_ptr, b, h, j, share, held, n_new, page_size, bt_ptr,
                          stride_bt_b, D, G, BITS, TILE, SINKS, RING, SHARES, WORDS, False, SCALE_FP16, FLOOR,
                          SCALE_MAX, INTERPRET)
@@ -294,7 +305,8 @@ class AppendLaunch:
         ksink, vsink = (view.k_sink, view.v_sink) if view.sinks else (view.k_residual, view.v_residual)
         self._fixed = (
             view.seq_lens, view.k_residual, view.v_residual, *view.k_residual.stride()[:3],
-            ksink, vsink, *ksink.stride()[:3], view.block_table, view.block_table.stride(0), view.block_table.shape[1], view.num_pages, view.page_size,
+            ksink, vsink, *ksink.stride()[:3],
+            view.block_table, view.block_table.stride(0), view.block_table.shape[1], view.num_pages, view.page_size,
             view.k_words, *view.k_words.stride()[:3], view.k_scale, view.k_zero, *view.k_scale.stride()[:3],
             view.v_words, *view.v_words.stride()[:3], view.v_scale, view.v_zero, *view.v_scale.stride()[:3],
             *sources, errors, arrivals,
@@ -329,7 +341,8 @@ class AppendLaunch:
                                                   dict(self._options, RAGGED=ragged, SHARES=shares, WORDS=step))
         view = self.view
         with on_device(k.device):
-            launch((specialization(k), specialization(v), t), k, v, *strides, chunk_lens if ragged else view.seq_lens, t)
+            launch((specialization(k), specialization(v), t), k, v, *strides,
+                   chunk_lens if ragged else view.seq_lens, t)
         # the kernel wrote these in place: bump their version counters as a torch write would
         increment_version([x for x in (view.seq_lens, view.k_scale, view.v_scale) if not x.is_inference()])
 

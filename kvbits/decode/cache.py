@@ -137,9 +137,9 @@ class PagedKVCache(CacheLengths):
         self.v_sink = zeros(max_seqs, heads, sinks, head_dim, dtype=dtype, **kw) if sinks else None
         self.block_table = torch.full((max_seqs, max_pages_per_seq), -1, dtype=torch.int32, **kw)
         self.seq_lens = zeros(max_seqs, dtype=torch.int32, **kw)
-        self.errors = zeros(1, dtype=torch.int32, **kw)  # page_append's ERROR_* bits
-        self.arrivals = zeros(max_seqs, dtype=torch.int32, **kw)  # the append kernel's counts (page_append)
-        # where each bit of a K and a V tile's words comes from (page_append.word_sources)
+        self.errors = zeros(1, dtype=torch.int32, **kw)  # the ERROR_* bits of append.py
+        self.arrivals = zeros(max_seqs, dtype=torch.int32, **kw)  # the append kernel's counts (append.py)
+        # where each bit of a K and a V tile's words comes from (append.word_sources)
         self.k_sources, self.v_sources = (word_sources(bits, role, head_dim, tile, warps, device) for role in "kv")
         self._free_pages = list(range(num_pages - 1, -1, -1))  # popped from the end: page 0 first
         self._ids: list[int] = []  # sequence id of each live row
@@ -366,8 +366,8 @@ class PagedKVCache(CacheLengths):
             self.errors.zero_()
             what = []
             if found & ERROR_NO_PAGE:
-                what.append("a completed group had no page in its block-table row, so its sequence's chunk was not stored "
-                            "(reserve before replaying)")
+                what.append("a completed group had no page in its block-table row, so its sequence's chunk was "
+                            "not stored (reserve before replaying)")
             if found & ERROR_NOT_FINITE:
                 what.append("a completed group held NaN or Inf, or its scale overflowed the scale dtype")
             if found & ERROR_SCALE_RANGE:
@@ -415,7 +415,8 @@ class PagedKVCache(CacheLengths):
             if missing:
                 raise ValueError(f"sequences {missing} need pages that were not reserved: call reserve() before "
                                  f"capturing a step")
-        elif any(c > self._row_room(held, pages) for held, c, pages in zip(self._lens, counts, self._pages, strict=True)):
+        elif any(c > self._row_room(held, pages)
+                 for held, c, pages in zip(self._lens, counts, self._pages, strict=True)):
             self._grow_tables(counts)
         lens = None if chunk_lens is None else self._on_device(counts)
         self._write(slice(0, n), k, v, lens, backend)
