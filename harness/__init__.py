@@ -1,6 +1,8 @@
 """The validation harness: it runs the suites, records every case, measures, plants bugs and
-renders the report. Its parts, each importing only parts listed before it
-(tests/test_harness_layout.py checks that no import cycle forms):
+renders the report. It runs from a checkout (``python -m harness ...`` in the repository root) and
+is not in the wheel, which holds ``kvbits`` alone; kvbits imports nothing of it. Its parts, each
+importing only parts listed before it (tests/test_harness_layout.py checks that no import cycle
+forms):
 
 - ``records`` (module): the result record, its JSON Lines writer and reader, the run manifest;
   every other part reads it. ``history`` (module): every GPU run's records in one SQLite file

@@ -4,7 +4,9 @@ Each kernel module lists ``AOT_SPECS``: one :class:`AotSpec` per kernel
 specialization worth compiling (signature types as Triton spells them, e.g.
 ``"*u8"``, ``"*i32"``, ``"i32"``, ``"fp32"``, and constexpr values). The
 interpreter accepts kernels that the compiler rejects, so CI compiles them all
-(``python -m kvbits.aot --arch 80 90 100``). Requires ``TRITON_INTERPRET=0``.
+(``python -m kvbits.aot --arch 80 90 100``). Another package's kernel modules that
+list ``AOT_SPECS`` compile beside these when named with ``--also MODULE``.
+Requires ``TRITON_INTERPRET=0``.
 """
 
 from __future__ import annotations
@@ -16,8 +18,7 @@ import sys
 import time
 from dataclasses import dataclass, field
 
-KERNEL_MODULES = ("kvbits.packing", "kvbits.affine", "kvbits.decode.launch", "kvbits.decode.append", "kvbits.int8",
-                  "harness.measure.read_floor")
+KERNEL_MODULES = ("kvbits.packing", "kvbits.affine", "kvbits.decode.launch", "kvbits.decode.append", "kvbits.int8")
 
 
 @dataclass(frozen=True)
@@ -74,6 +75,9 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--arch", type=int, nargs="+", default=[80, 90, 100])
     parser.add_argument("--module", nargs="+", default=list(KERNEL_MODULES), help="kernel modules to compile")
+    # the caller names its own kernels: kvbits imports no package that builds on it
+    parser.add_argument("--also", nargs="+", default=[], metavar="MODULE",
+                        help="kernel modules of another package to compile as well (each lists AOT_SPECS)")
     args = parser.parse_args(argv)
     if os.environ.get("TRITON_INTERPRET", "0") not in ("", "0"):
         print("compiling ahead of time needs TRITON_INTERPRET=0 in the environment (on a machine without "
@@ -83,7 +87,7 @@ def main(argv=None) -> int:
     os.environ["TRITON_INTERPRET"] = "0"
     import triton
 
-    specs, problems = collect_specs(args.module)
+    specs, problems = collect_specs([*args.module, *args.also])
     failures = len(problems)
     for problem in problems:
         print(f"  import FAIL {problem}")

@@ -242,7 +242,8 @@ def test_plan_rejects_bad_requests():
 
 
 def test_aot_and_nvcc_commands():
-    assert commands.aot_command(PY) == [PY, "-m", "kvbits.aot", "--arch", "80", "90", "100"]
+    assert commands.aot_command(PY) == [PY, "-m", "kvbits.aot", "--arch", "80", "90", "100",
+                                        "--also", "harness.measure.read_floor"]
     assert commands.AOT_ENV == {"TRITON_INTERPRET": "0"}
     assert commands.nvcc_command("kvbits/cuda/x.cu", "/tmp/x.o", ["/t/include", "/py"]) == [
         "nvcc", "-arch=sm_90", "-std=c++20", "-O3", "--use_fast_math", "-lineinfo",

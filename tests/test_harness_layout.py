@@ -1,13 +1,16 @@
 """The harness's packages import one way: no cycle among them (nor among its modules), read from
-the source's own import statements (lazy ones inside functions included)."""
+the source's own import statements (lazy ones inside functions included); and kvbits, below the
+harness, imports nothing of it."""
 
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 HARNESS = ROOT / "harness"
+KVBITS = ROOT / "kvbits"
 
 
 def module_name(path: Path) -> str:
@@ -103,6 +106,31 @@ def test_no_cycle_among_the_harness_modules():
 def test_the_harness_package_imports_nothing():
     """``import harness.records`` must not pull torch or the rest of the harness in."""
     assert import_graph()["harness"] == set()
+
+
+def harness_references(path: Path) -> list[str]:
+    """Where ``path`` imports the harness: import statements, and module names of it as strings
+    (what importlib would load)."""
+    module_name = re.compile(r"harness(\.\w+)*")
+    found = []
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.Import):
+            names = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            names = [node.module or ""] if not node.level else []
+        elif isinstance(node, ast.Constant) and isinstance(node.value, str):
+            names = [node.value]
+        else:
+            continue
+        found += [f"{path.relative_to(ROOT)}:{node.lineno}: {name}" for name in names
+                  if module_name.fullmatch(name)]
+    return found
+
+
+def test_kvbits_imports_nothing_of_the_harness():
+    """The wheel holds kvbits alone; the harness runs from a checkout and is loaded by nothing in it."""
+    found = [ref for path in sorted(KVBITS.rglob("*.py")) for ref in harness_references(path)]
+    assert found == []
 
 
 if __name__ == "__main__":  # the graph, for the curious: python tests/test_harness_layout.py

@@ -11,3 +11,7 @@
 - ``timeline``: where a pytest run's wall time goes outside its tests.
 - ``progress``: one line per benchmark measurement as it lands.
 """
+
+# The harness's own Triton kernels (modules listing AOT_SPECS): compiled ahead of time beside
+# kvbits.aot's KERNEL_MODULES, which name kvbits' kernels only (python -m kvbits.aot --also ...).
+HARNESS_KERNEL_MODULES = ("harness.measure.read_floor",)

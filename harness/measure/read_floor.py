@@ -103,7 +103,8 @@ def read_floor_ms(nbytes: int, device_index: int = 0) -> float:
 
 
 # ----------------------------------------------------------------------------- AOT specialization
-# The flat read as read_floor_ms launches it (kvbits.aot compiles it with the kernels it bounds):
+# The flat read as read_floor_ms launches it (kvbits.aot compiles it with the kernels it bounds,
+# named by harness.measure.HARNESS_KERNEL_MODULES):
 # chunks a multiple of CHUNK_ALIGN words, sizes below 2**31 words.
 AOT_SPECS = [AotSpec("read_floor_chunks", _read_chunks_kernel,
                      {"x_ptr": "*i32", "out_ptr": "*i32", "n": "i32", "per_program": "i32"},

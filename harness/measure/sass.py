@@ -182,7 +182,8 @@ def format_budget(b: Budget) -> str:
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--arch", type=int, default=90)
-    parser.add_argument("--module", nargs="+", default=None, help="kernel modules (default: every AOT module)")
+    parser.add_argument("--module", nargs="+", default=None,
+                        help="kernel modules (default: kvbits' and the harness's AOT modules)")
     parser.add_argument("--name", nargs="+", default=None,
                         help="only specializations whose name contains one of these")
     parser.add_argument("--json", action="store_true", help="one JSON object per specialization instead")
@@ -193,7 +194,9 @@ def main(argv=None) -> int:
     os.environ["TRITON_INTERPRET"] = "0"
     from kvbits.aot import KERNEL_MODULES, collect_specs
 
-    specs, problems = collect_specs(args.module or KERNEL_MODULES)
+    from . import HARNESS_KERNEL_MODULES
+
+    specs, problems = collect_specs(args.module or (*KERNEL_MODULES, *HARNESS_KERNEL_MODULES))
     for problem in problems:
         print(f"import FAIL {problem}")
     for spec in specs:

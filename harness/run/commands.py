@@ -20,6 +20,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from ..measure import HARNESS_KERNEL_MODULES
 from .legs import GPU_LEGS, INTERPRETER_LEGS, GpuLeg
 
 PROJECT_EXTRAS = "test,report,transformers,quality"
@@ -283,7 +284,8 @@ def plan(
 
 
 def aot_command(python: str, archs: Sequence[str] = AOT_ARCHS) -> list[str]:
-    return [python, "-m", "kvbits.aot", "--arch", *archs]
+    """kvbits' kernels and the harness's own (the read floor), compiled for ``archs``."""
+    return [python, "-m", "kvbits.aot", "--arch", *archs, "--also", *HARNESS_KERNEL_MODULES]
 
 
 AOT_ENV = {"TRITON_INTERPRET": "0"}
