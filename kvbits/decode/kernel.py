@@ -566,7 +566,8 @@ def _code_tile(
     WARPS: tl.constexpr, INTERPRET: tl.constexpr, MASKED: tl.constexpr,
 ):
     """Attend one tile of BLOCK_T quantized tokens (one page, one K scale group) and return the
-    softmax state (m, l_acc, accs, zaccs: one V accumulator and zero sum per channel group); params are the tile's (_tile_params).
+    softmax state (m, l_acc, accs, zaccs: one V accumulator and zero sum per channel group);
+    params are the tile's (_tile_params).
     MASKED: the tile may end past code_len (the sequence's last code tile), whose logits beyond
     it are -inf.
 
