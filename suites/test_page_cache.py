@@ -430,6 +430,78 @@ def test_attend_matches_the_reference(record, seed, device, dtype, ratio, fp):
     record.add(states_checked=checked, bit_errors=0, lengths=cache.lengths(), **worst)
 
 
+def _poison_what_is_not_held(cache: PagedKVCache) -> int:
+    """Poison everything of ``cache`` the decode must not read: the pages no live sequence's whole
+    groups reach (NaN scales and zeros, all-ones words), the slots of a sequence's last page past
+    its whole groups, its ring rows outside ``[min(max(sinks, full - window), full), length)``, its
+    sink rows past its length, the rows past the live ones and its block-table entries past its
+    pages (outside the pool). Returns how many pages no sequence reads."""
+    g, p, t, ring = cache.group_size, cache.page_size, cache.tile, cache.k_residual.shape[2]
+    nan = float("nan")
+    read = set()
+    for row, n in enumerate(cache.lengths()):
+        full = n // g * g
+        pages = cache.block_table[row, :-(-full // p)].tolist()
+        read.update(pages)
+        if full % p:  # the last page past the whole groups
+            last, off = pages[-1], full % p
+            for name in ("k_scale", "k_zero"):
+                getattr(cache, name)[last, :, off // g:] = nan
+            for name in ("v_scale", "v_zero"):
+                getattr(cache, name)[last, :, off:] = nan
+            cache.k_words[last, :, off // t:] = -1
+            cache.v_words[last, :, off // t:] = -1
+        cache.block_table[row, len(pages):] = cache.num_pages + 5
+        kept = {q % ring for q in range(min(max(cache.sinks, full - cache.window), full), n)}
+        for fp in (cache.k_residual, cache.v_residual):
+            fp[row, :, [r for r in range(ring) if r not in kept]] = nan
+        for fp in (cache.k_sink, cache.v_sink):
+            if fp is not None:
+                fp[row, :, min(n, cache.sinks):] = nan
+    live = len(cache.sequences)
+    for fp in (cache.k_residual, cache.v_residual, cache.k_sink, cache.v_sink):
+        if fp is not None:
+            fp[live:] = nan
+    unread = [page for page in range(cache.num_pages) if page not in read]
+    for name in ("k_scale", "k_zero", "v_scale", "v_zero"):
+        getattr(cache, name)[unread] = nan
+    cache.k_words[unread] = -1
+    cache.v_words[unread] = -1
+    return len(unread)
+
+
+@pytest.mark.parametrize("num_pages", [16, 256])
+@pytest.mark.parametrize("fp", FP_TOKENS)
+def test_the_torch_decode_reads_only_what_sequences_hold(record, seed, num_pages, fp):
+    """The torch decode (reference_decode, attend(backend="torch"), decode_attention on the view)
+    reads each sequence's pages up to its last whole group and its fp rows up to its length, and
+    nothing else: with everything else poisoned (_poison_what_is_not_held) its output is finite
+    and bit-identical to the output before, whatever the pool's size."""
+    record.backend, record.device, record.variant = "torch", "cpu", f"live-pages-only-{num_pages}-pages-{fp}"
+    size = _size("cpu")
+    rnd, gen = random.Random(seed), torch.Generator().manual_seed(seed)
+    cache = _new_cache(size, "cpu", num_pages=num_pages, max_seqs=6, **_fp_tokens(size, "cpu", fp))
+    lens = [301, rnd.randint(1, size.group - 1), rnd.randint(size.page, 2 * size.page), rnd.randint(1, 3 * size.group)]
+    ids = [cache.add_sequence(*_kv(gen, (size.heads, n, size.head_dim), cache.dtype, "cpu"), backend="torch")
+           for n in lens]
+    cache.free(ids[1])  # the last row moves into its place; its pages go back to the pool
+    cache.append(*_kv(gen, (len(ids) - 1, size.heads, size.head_dim), cache.dtype, "cpu"), backend="torch")
+    q = _q(gen, len(ids) - 1, 2 * size.heads, size.head_dim, cache.dtype, "cpu")
+    calls = {
+        "reference_decode": lambda: reference_decode(q, cache.view()),
+        "attend": lambda: cache.attend(q, backend="torch"),
+        "decode_attention": lambda: decode_attention(q, cache.view(), backend="torch"),
+    }
+    before = {name: call() for name, call in calls.items()}
+    unread = _poison_what_is_not_held(cache)
+    record.add(lengths=cache.lengths(), pages_unread=unread)
+    for name, call in calls.items():
+        out = call()
+        assert bool(torch.isfinite(out).all()), f"{name} read a poisoned element"
+        assert torch.equal(_as_bits(out), _as_bits(before[name])), f"{name} changed"
+    record.add(states_checked=sum(x.numel() for x in before.values()), bit_errors=0, max_abs_err=0.0)
+
+
 # ----------------------------------------------------------------------------- 4. freed pages
 def _pages_of(cache: PagedKVCache, row: int) -> list[int]:
     table = cache.block_table[row].tolist()
