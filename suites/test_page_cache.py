@@ -933,7 +933,11 @@ BAD = {
                             "k must have dtype float16"),
     "append-v-wrong-dtype": (None, lambda x: x.cache.append(x.kv(2, 2, 64)[0], x.kv(2, 2, 64, dtype=torch.bfloat16)[1]),
                              TypeError, "v must have dtype float16"),
-    "append-wrong-heads": (None, lambda x: x.cache.append(*x.kv(2, 3, 64)), ValueError, "H=2"),
+    "append-wrong-heads": (None, lambda x: x.cache.append(*x.kv(2, 3, 64)), ValueError,
+                           "k must be [2, H=2, T, D=64] (or without T for one token) for this cache's 2 live "
+                           "sequences; got (2, 3, 1, 64)"),
+    "append-wrong-heads-one-live": (_freed, lambda x: x.cache.append(*x.kv(1, 3, 64)), ValueError,
+                                    "for this cache's 1 live sequence; got (1, 3, 1, 64)"),
     "append-wrong-head-dim": (None, lambda x: x.cache.append(*x.kv(2, 2, 128)), ValueError, "D=64"),
     "append-wrong-batch": (None, lambda x: x.cache.append(*x.kv(1, 2, 64)), ValueError, "2 live sequences"),
     "append-rank-2": (None, lambda x: x.cache.append(*x.kv(2, 64)), ValueError, "k must have 4 dimensions"),
@@ -977,9 +981,12 @@ BAD = {
                         "k and v must be given together"),
     "add-wrong-dtype": (None, lambda x: x.cache.add_sequence(*x.kv(2, 5, 64, dtype=torch.float32)), TypeError,
                         "k must have dtype float16"),
-    "add-wrong-heads": (None, lambda x: x.cache.add_sequence(*x.kv(4, 5, 64)), ValueError, "H=2"),
+    "add-wrong-heads": (None, lambda x: x.cache.add_sequence(*x.kv(4, 5, 64)), ValueError,
+                        "k must be [H=2, S, D=64] or [1, H=2, S, D=64] (the prompt of the one sequence added); "
+                        "got (1, 4, 5, 64)"),
     "add-batch-of-two": (None, lambda x: x.cache.add_sequence(*x.kv(2, 2, 5, 64)), ValueError,
-                         "must be [1, H=2"),
+                         "k must be [H=2, S, D=64] or [1, H=2, S, D=64] (the prompt of the one sequence added); "
+                         "got (2, 2, 5, 64)"),
     "add-kv-shape-mismatch": (None, lambda x: x.cache.add_sequence(x.kv(2, 5, 64)[0], x.kv(2, 6, 64)[1]),
                               ValueError, "k and v must have the same shape"),
     "add-rank-2": (None, lambda x: x.cache.add_sequence(*x.kv(5, 64)), ValueError, "k must have 4 dimensions"),
@@ -989,6 +996,9 @@ BAD = {
                                       ValueError, "tensors must share one device"),
     "add-backend-cuda": (None, lambda x: x.cache.add_sequence(*x.kv(2, 5, 64), backend="cuda"), ValueError,
                          "backend must be one of"),
+    "attend-an-empty-sequence": (_third, lambda x: x.cache.attend(x.kv(3, 2, 64)[0], backend="torch"), ValueError,
+                                 "sequence 2 of the cache is empty (cache.seq_lens[2] = 0): it holds no token to "
+                                 "attend"),
     "attend-q-heads-not-multiple": (None, lambda x: x.cache.attend(x.kv(2, 3, 64)[0], backend="triton"), ValueError,
                                     "q_heads (3) must be a positive multiple"),
     "attend-q-float32": (None, lambda x: x.cache.attend(x.kv(2, 2, 64, dtype=torch.float32)[0], backend="triton"), TypeError,
