@@ -20,8 +20,9 @@ variants are identical, not merely close):
   scales (a non-finite value always makes its column's scale non-finite), not ``x`` again; on a
   GPU it costs one small device-to-host sync per call, which ``quantize_per_channel`` takes
   after queuing its codes pass (so tensors given as ``out=`` hold unspecified values when it
-  raises). ``dequantize_per_channel`` trusts its
-  scales' values (shape, dtype and device are checked).
+  raises). ``dequantize_per_channel`` refuses scales that no ``x`` gives, negative, NaN or Inf,
+  with ``ValueError`` naming ``scales`` and the columns (one reduction and one 8-byte read back,
+  before any kernel runs), besides their shape, dtype and device.
 
 The ``2**-64`` floor keeps every scale, reciprocal and nonzero product a normal float (or a
 product that rounds to code 0), so GPU code built with denormal flushing gives the same bits.
@@ -160,6 +161,22 @@ def _check_scales(scales, D: int) -> None:
         raise ValueError(
             f"scales must have D={D} elements (one per column of q); got {scales.shape[0]}"
         )
+
+
+def _require_scale_values(scales: torch.Tensor) -> None:
+    """ValueError naming the columns whose scale is negative, NaN or Inf (quantize_per_channel gives
+    every column ``amax / 127 >= 0``, finite). One reduction and one 8-byte copy to the host; the
+    columns are looked for only when the smallest and largest scale say there are some."""
+    lo, hi = torch.aminmax(scales)
+    lo, hi = torch.stack([lo, hi]).tolist()
+    if lo >= 0 and math.isfinite(hi):  # NaN fails both comparisons
+        return
+    columns = torch.nonzero(~(torch.isfinite(scales) & (scales >= 0))).flatten()
+    shown = columns[:8].tolist()
+    more = f" and {columns.numel() - 8} more" if columns.numel() > 8 else ""
+    values = scales[columns[:8]].tolist()
+    raise ValueError(f"scales must be finite and non-negative (amax / 127 of each column, as quantize_per_channel "
+                     f"gives them); column(s) {shown}{more} hold {values}")
 
 
 def _check_out(name: str, t, shape, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
@@ -502,11 +519,13 @@ def dequantize_per_channel(
     variant: str | None = None,
     out: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """Reconstruct ``x_hat = float(q) * scales``: q int8 [T, D], scales float32 [D] -> float32 [T, D]."""
+    """Reconstruct ``x_hat = float(q) * scales``: q int8 [T, D], scales float32 [D] -> float32 [T, D].
+    Raises ``ValueError`` for a negative, NaN or Inf scale (one read back of the smallest and largest)."""
     _check_matrix("q", q, (torch.int8,))
     T, D = q.shape
     _check_scales(scales, D)
     require_same_device(q=q, scales=scales)
+    _require_scale_values(scales)
     variant = _resolve_variant(variant, q.device, D, (out,))
     result = _output("out", out, (T, D), torch.float32, q.device, variant)
     q = _input(q, variant)

@@ -42,6 +42,11 @@ def _claiming(c, n):
     return dataclasses.replace(c, seq_lens=torch.full_like(c.seq_lens, n))
 
 
+def _claiming_each(c, lens):
+    """A copy of the cache whose seq_lens claim ``lens``."""
+    return dataclasses.replace(c, seq_lens=torch.tensor(lens, dtype=c.seq_lens.dtype, device=DEVICE))
+
+
 def _wide_fp32_scales():
     k, v = random_kv(1, 1, 70, 64, seed=303, device=DEVICE)
     return kvbits.quantize_kv(k.float(), v.float() * 1e6, 3, scale_dtype=torch.float32, backend="torch")
@@ -68,8 +73,16 @@ CASES = {
     "seq_lens_zero": (lambda c: decode_attention(_q(), c, seq_lens=torch.tensor([0, 5], dtype=torch.int32,
                                                                                   device=DEVICE)),
                       ValueError, "seq_lens[0] = 0"),
+    "empty_sequence": (lambda c: decode_attention(_q(), _claiming_each(c, [100, 0]), backend="torch"), ValueError,
+                       "sequence 1 of the cache is empty (cache.seq_lens[1] = 0): it holds no token to attend"),
+    "empty_sequence_triton": (lambda c: decode_attention(_q(), _claiming_each(c, [0, 100]), backend="triton"),
+                              ValueError, "sequence 0 of the cache is empty (cache.seq_lens[0] = 0)"),
+    "empty_sequence_seq_lens": (lambda c: decode_attention(_q(), _claiming_each(c, [0, 100]),
+                                                           seq_lens=torch.tensor([1, 5], device=DEVICE)),
+                                ValueError, "sequence 0 of the cache is empty"),
     "seq_lens_too_long": (lambda c: decode_attention(_q(), c, seq_lens=torch.tensor([5, 101], device=DEVICE)),
-                          ValueError, "seq_lens[1] = 101"),
+                          ValueError,
+                          "seq_lens[1] = 101 must be in [1, 100] (the tokens the cache holds for sequence 1)"),
     "sm_scale_negative": (lambda c: decode_attention(_q(), c, sm_scale=-1.0), ValueError, "sm_scale"),
     "sm_scale_nan": (lambda c: decode_attention(_q(), c, sm_scale=float("nan")), ValueError, "sm_scale"),
     "sm_scale_string": (lambda c: decode_attention(_q(), c, sm_scale="0.1"), TypeError, "sm_scale"),

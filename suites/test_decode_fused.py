@@ -206,6 +206,24 @@ def test_other_bit_widths(record, device, bits):
     run_checked(record, q, _cache(k, v, bits=bits), original=(k, v))
 
 
+@pytest.mark.parametrize(("bits", "dim", "group_size"), [(8, 64, 64), (3, 32, 32), (2, 256, 32)])
+def test_torch_decode_reads_what_the_fused_one_refuses(record, device, bits, dim, group_size):
+    """The README's width table: backend="torch" decodes any cache quantize_kv makes (8 bits, head_dim
+    32, eight V groups per token) as attention over its dequantized K/V; backend="triton" refuses it."""
+    record.backend, record.device, record.variant = "torch", device, f"b{bits}-d{dim}-g{group_size}"
+    k, v = random_kv(2, 2, 2 * group_size + 7, dim, device=device, seed=140 + bits)
+    q = random_q(2, 4, dim, device=device, seed=141)
+    cache = _cache(k, v, bits=bits, group_size=group_size)
+    out = decode_attention(q, cache, backend="torch")
+    k_hat, v_hat = kvbits.dequantize_kv(cache, dtype=torch.float32)
+    ref = kvbits.decode.attention_reference(q, k_hat, v_hat, cache.seq_lens, 1.0 / dim ** 0.5)
+    err = float((out.double() - ref).abs().max())
+    record.add(max_abs_err=err, tolerance=2e-3, states_checked=out.numel())
+    assert err <= 2e-3
+    with pytest.raises(ValueError, match="use 'torch'"):
+        decode_attention(q, cache, backend="triton")
+
+
 @pytest.mark.parametrize("dim, group_size", [(128, 64), (256, 128), (256, 64)])
 def test_head_dims(record, device, dim, group_size):
     """D = 128 and D = 256, with G = 128 (two V scale groups per token) and G = 64 (four)."""

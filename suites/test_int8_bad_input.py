@@ -108,6 +108,23 @@ def test_bad_dequantize_arguments(record):
         int8.dequantize_per_channel(q, [1.0] * 8)
 
 
+@pytest.mark.parametrize("bad", [-0.5, float("nan"), float("inf"), float("-inf"), -0.0, 0.0])
+@pytest.mark.parametrize("device", ["cpu"] + (["cuda"] if CUDA else []))
+def test_scales_no_x_gives_are_refused(record, bad, device):
+    """dequantize_per_channel refuses a negative, NaN or Inf scale (a sign-flipped or poisoned
+    reconstruction otherwise), naming scales and the column, on every variant; 0 and -0.0 (an
+    all-zero column's) are scales quantize_per_channel gives, and reconstruct to 0."""
+    q, s = int8.quantize_per_channel(torch.randn(4, 8, device=device))
+    s[3] = bad
+    for variant in int8.variants_for(device):
+        record.variant = variant
+        if bad == 0:
+            assert not int8.dequantize_per_channel(q, s, variant=variant)[:, 3].any()
+            continue
+        with record.raises(ValueError, match=r"scales must be finite and non-negative .* column\(s\) \[3\] hold"):
+            int8.dequantize_per_channel(q, s, variant=variant)
+
+
 def test_bad_out(record):
     with record.raises(TypeError, match="out must be a \\(q, scales\\) pair"):
         int8.quantize_per_channel(CPU_X, out=torch.empty(4, 8, dtype=torch.int8))

@@ -458,6 +458,78 @@ def test_fp_parts_under_every_split_count(record, seed, device):
     record.add(states_checked=4 * q.numel(), bit_errors=0, max_abs_err=worst, lengths=cache.lengths())
 
 
+def _poison_what_is_not_held(cache: PagedKVCache) -> int:
+    """Poison everything of ``cache`` the decode must not read: the pages no live sequence's whole
+    groups reach (NaN scales and zeros, all-ones words), the slots of a sequence's last page past
+    its whole groups, its ring rows outside ``[min(max(sinks, full - window), full), length)``, its
+    sink rows past its length, the rows past the live ones and its block-table entries past its
+    pages (outside the pool). Returns how many pages no sequence reads."""
+    g, p, t, ring = cache.group_size, cache.page_size, cache.tile, cache.k_residual.shape[2]
+    nan = float("nan")
+    read = set()
+    for row, n in enumerate(cache.lengths()):
+        full = n // g * g
+        pages = cache.block_table[row, :-(-full // p)].tolist()
+        read.update(pages)
+        if full % p:  # the last page past the whole groups
+            last, off = pages[-1], full % p
+            for name in ("k_scale", "k_zero"):
+                getattr(cache, name)[last, :, off // g:] = nan
+            for name in ("v_scale", "v_zero"):
+                getattr(cache, name)[last, :, off:] = nan
+            cache.k_words[last, :, off // t:] = -1
+            cache.v_words[last, :, off // t:] = -1
+        cache.block_table[row, len(pages):] = cache.num_pages + 5
+        kept = {q % ring for q in range(min(max(cache.sinks, full - cache.window), full), n)}
+        for fp in (cache.k_residual, cache.v_residual):
+            fp[row, :, [r for r in range(ring) if r not in kept]] = nan
+        for fp in (cache.k_sink, cache.v_sink):
+            if fp is not None:
+                fp[row, :, min(n, cache.sinks):] = nan
+    live = len(cache.sequences)
+    for fp in (cache.k_residual, cache.v_residual, cache.k_sink, cache.v_sink):
+        if fp is not None:
+            fp[live:] = nan
+    unread = [page for page in range(cache.num_pages) if page not in read]
+    for name in ("k_scale", "k_zero", "v_scale", "v_zero"):
+        getattr(cache, name)[unread] = nan
+    cache.k_words[unread] = -1
+    cache.v_words[unread] = -1
+    return len(unread)
+
+
+@pytest.mark.parametrize("num_pages", [16, 256])
+@pytest.mark.parametrize("fp", FP_TOKENS)
+def test_the_torch_decode_reads_only_what_sequences_hold(record, seed, num_pages, fp):
+    """The torch decode (reference_decode, attend(backend="torch"), decode_attention on the view)
+    reads each sequence's pages up to its last whole group and its fp rows up to its length, and
+    nothing else: with everything else poisoned (_poison_what_is_not_held) its output is finite
+    and bit-identical to the output before, whatever the pool's size."""
+    record.backend, record.device, record.variant = "torch", "cpu", f"live-pages-only-{num_pages}-pages-{fp}"
+    size = _size("cpu")
+    rnd, gen = random.Random(seed), torch.Generator().manual_seed(seed)
+    cache = _new_cache(size, "cpu", num_pages=num_pages, max_seqs=6, **_fp_tokens(size, "cpu", fp))
+    lens = [301, rnd.randint(1, size.group - 1), rnd.randint(size.page, 2 * size.page), rnd.randint(1, 3 * size.group)]
+    ids = [cache.add_sequence(*_kv(gen, (size.heads, n, size.head_dim), cache.dtype, "cpu"), backend="torch")
+           for n in lens]
+    cache.free(ids[1])  # the last row moves into its place; its pages go back to the pool
+    cache.append(*_kv(gen, (len(ids) - 1, size.heads, size.head_dim), cache.dtype, "cpu"), backend="torch")
+    q = _q(gen, len(ids) - 1, 2 * size.heads, size.head_dim, cache.dtype, "cpu")
+    calls = {
+        "reference_decode": lambda: reference_decode(q, cache.view()),
+        "attend": lambda: cache.attend(q, backend="torch"),
+        "decode_attention": lambda: decode_attention(q, cache.view(), backend="torch"),
+    }
+    before = {name: call() for name, call in calls.items()}
+    unread = _poison_what_is_not_held(cache)
+    record.add(lengths=cache.lengths(), pages_unread=unread)
+    for name, call in calls.items():
+        out = call()
+        assert bool(torch.isfinite(out).all()), f"{name} read a poisoned element"
+        assert torch.equal(_as_bits(out), _as_bits(before[name])), f"{name} changed"
+    record.add(states_checked=sum(x.numel() for x in before.values()), bit_errors=0, max_abs_err=0.0)
+
+
 # ----------------------------------------------------------------------------- 4. freed pages
 def _pages_of(cache: PagedKVCache, row: int) -> list[int]:
     table = cache.block_table[row].tolist()
@@ -889,7 +961,11 @@ BAD = {
                             "k must have dtype float16"),
     "append-v-wrong-dtype": (None, lambda x: x.cache.append(x.kv(2, 2, 64)[0], x.kv(2, 2, 64, dtype=torch.bfloat16)[1]),
                              TypeError, "v must have dtype float16"),
-    "append-wrong-heads": (None, lambda x: x.cache.append(*x.kv(2, 3, 64)), ValueError, "H=2"),
+    "append-wrong-heads": (None, lambda x: x.cache.append(*x.kv(2, 3, 64)), ValueError,
+                           "k must be [2, H=2, T, D=64] (or without T for one token) for this cache's 2 live "
+                           "sequences; got (2, 3, 1, 64)"),
+    "append-wrong-heads-one-live": (_freed, lambda x: x.cache.append(*x.kv(1, 3, 64)), ValueError,
+                                    "for this cache's 1 live sequence; got (1, 3, 1, 64)"),
     "append-wrong-head-dim": (None, lambda x: x.cache.append(*x.kv(2, 2, 128)), ValueError, "D=64"),
     "append-wrong-batch": (None, lambda x: x.cache.append(*x.kv(1, 2, 64)), ValueError, "2 live sequences"),
     "append-rank-2": (None, lambda x: x.cache.append(*x.kv(2, 64)), ValueError, "k must have 4 dimensions"),
@@ -933,9 +1009,12 @@ BAD = {
                         "k and v must be given together"),
     "add-wrong-dtype": (None, lambda x: x.cache.add_sequence(*x.kv(2, 5, 64, dtype=torch.float32)), TypeError,
                         "k must have dtype float16"),
-    "add-wrong-heads": (None, lambda x: x.cache.add_sequence(*x.kv(4, 5, 64)), ValueError, "H=2"),
+    "add-wrong-heads": (None, lambda x: x.cache.add_sequence(*x.kv(4, 5, 64)), ValueError,
+                        "k must be [H=2, S, D=64] or [1, H=2, S, D=64] (the prompt of the one sequence added); "
+                        "got (1, 4, 5, 64)"),
     "add-batch-of-two": (None, lambda x: x.cache.add_sequence(*x.kv(2, 2, 5, 64)), ValueError,
-                         "must be [1, H=2"),
+                         "k must be [H=2, S, D=64] or [1, H=2, S, D=64] (the prompt of the one sequence added); "
+                         "got (2, 2, 5, 64)"),
     "add-kv-shape-mismatch": (None, lambda x: x.cache.add_sequence(x.kv(2, 5, 64)[0], x.kv(2, 6, 64)[1]),
                               ValueError, "k and v must have the same shape"),
     "add-rank-2": (None, lambda x: x.cache.add_sequence(*x.kv(5, 64)), ValueError, "k must have 4 dimensions"),
@@ -945,6 +1024,9 @@ BAD = {
                                       ValueError, "tensors must share one device"),
     "add-backend-cuda": (None, lambda x: x.cache.add_sequence(*x.kv(2, 5, 64), backend="cuda"), ValueError,
                          "backend must be one of"),
+    "attend-an-empty-sequence": (_third, lambda x: x.cache.attend(x.kv(3, 2, 64)[0], backend="torch"), ValueError,
+                                 "sequence 2 of the cache is empty (cache.seq_lens[2] = 0): it holds no token to "
+                                 "attend"),
     "attend-q-heads-not-multiple": (None, lambda x: x.cache.attend(x.kv(2, 3, 64)[0], backend="triton"), ValueError,
                                     "q_heads (3) must be a positive multiple"),
     "attend-q-float32": (None, lambda x: x.cache.attend(x.kv(2, 2, 64, dtype=torch.float32)[0], backend="triton"),

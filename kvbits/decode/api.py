@@ -51,9 +51,10 @@ def decode_attention(
     with Hkv heads, ``Hq % Hkv == 0``. seq_lens: int32/int64 [B] tokens to attend per
     sequence (default ``cache.seq_lens``; each in [1, cache.seq_lens]). sm_scale:
     default ``1/sqrt(D)``. backend: ``"torch"`` (dequantize, then attention in fp32;
-    any device) or ``"triton"`` (fused split-KV kernel; bits 2/3/4, D 64/128/256 with at most
-    four V groups per token, D / G <= 4: D = 256 with G = 64 or 128); ``None`` picks Triton on a
-    GPU. num_splits: override the split count (Triton).
+    any device; any cache, 8 bits and any head_dim included) or ``"triton"`` (fused split-KV
+    kernel; bits 2/3/4, D 64/128/256 with at most four V groups per token, D / G <= 4: D = 256
+    with G = 64 or 128); ``None`` picks Triton on a GPU. num_splits: override the split count
+    (Triton).
     out: optional [B, Hq, D] output buffer. Returns [B, Hq, D] in q's dtype.
 
     The Triton path carries q * sm_scale * K scale and each softmax weight * V scale as fp16

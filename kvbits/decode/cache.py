@@ -245,7 +245,7 @@ class PagedKVCache(CacheLengths):
         if k is not None:
             if isinstance(k, torch.Tensor) and isinstance(v, torch.Tensor) and k.dim() == v.dim() == 3:
                 k, v = k.unsqueeze(0), v.unsqueeze(0)
-            self._check_tokens(k, v, 1)
+            self._check_tokens(k, v, 1, prompt=True)
         backend = resolve_backend(backend, self.device, BACKENDS)
         tokens = 0 if k is None else k.shape[2]
         need = self._pages_for(0, tokens, [])
@@ -454,15 +454,22 @@ class PagedKVCache(CacheLengths):
                 and k.dtype == v.dtype == self.dtype and k.device == v.device == self.device
                 and k.stride(-1) == 1 and v.stride(-1) == 1)
 
-    def _check_tokens(self, k, v, batch: int) -> None:
+    def _check_tokens(self, k, v, batch: int, *, prompt: bool = False) -> None:
+        """k, v [batch, H, T, D] of the cache's dtype and device: a step's tokens for the ``batch``
+        live sequences, or (``prompt``) one new sequence's prompt, given as [H, S, D] or [1, H, S, D]."""
+        h, d = self.heads, self.head_dim
         for name, x in (("k", k), ("v", v)):
             require_tensor(name, x)
             require_rank(name, x, 4)
             require_dtype(name, x, (self.dtype,))
-            want = (batch, self.heads, x.shape[2], self.head_dim)
+            want = (batch, h, x.shape[2], d)
             if tuple(x.shape) != want:
-                raise ValueError(f"{name} must be [{batch}, H={self.heads}, T, D={self.head_dim}] (or without T for "
-                                 f"one token) for this cache's {batch} live sequences; got {tuple(x.shape)}")
+                if prompt:
+                    raise ValueError(f"{name} must be [H={h}, S, D={d}] or [1, H={h}, S, D={d}] (the prompt of the "
+                                     f"one sequence added); got {tuple(x.shape)}")
+                live = f"{batch} live sequence{'' if batch == 1 else 's'}"
+                raise ValueError(f"{name} must be [{batch}, H={h}, T, D={d}] (or without T for one token) for "
+                                 f"this cache's {live}; got {tuple(x.shape)}")
             if x.stride(-1) != 1:
                 raise ValueError(f"{name} must have unit stride along head_dim; got strides {x.stride()}")
         require_same_device(k=k, v=v, cache=self.k_words)

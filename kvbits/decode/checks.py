@@ -161,7 +161,9 @@ def check_inputs(q, cache, seq_lens, sm_scale, num_splits, out) -> tuple[torch.T
     lens_t = cache.seq_lens if seq_lens is None else seq_lens
     lens = held if seq_lens is None else _host(seq_lens).tolist()
     for i, (n, cap) in enumerate(zip(lens, held, strict=True)):
+        if cap == 0:
+            raise ValueError(f"sequence {i} of the cache is empty (cache.seq_lens[{i}] = 0): it holds no token to "
+                             f"attend; append one first, or leave the sequence out of the batch")
         if n < 1 or n > cap:
-            what = "seq_lens" if seq_lens is not None else "cache.seq_lens"
-            raise ValueError(f"{what}[{i}] = {n} must be in [1, {cap}] (the tokens the cache holds)")
+            raise ValueError(f"seq_lens[{i}] = {n} must be in [1, {cap}] (the tokens the cache holds for sequence {i})")
     return lens_t, lens, held

@@ -11,8 +11,9 @@ import math
 
 import torch
 
-from ..kv_cache import QuantizedKV, dequantize_kv
-from .paged import PagedQuantizedKV, paged_to_contiguous
+from ..kv_cache import _dequantize_side, dequantize_kv
+from .layout import codes_from_words
+from .paged import PagedQuantizedKV
 
 
 def attention_reference(
@@ -37,25 +38,55 @@ def attention_reference(
     return out.reshape(b, hq, d)
 
 
-def _contiguous(cache) -> QuantizedKV:
-    return paged_to_contiguous(cache) if isinstance(cache, PagedQuantizedKV) else cache
-
-
 def held_kv(cache, dtype: torch.dtype = torch.float32) -> tuple[torch.Tensor, torch.Tensor]:
     """(k, v) [B, H, max(seq_lens), D] as the decode attends them: each position's dequantized
     codes, or its fp value where a paged cache keeps one (the sinks, and the ring from
-    ``max(sinks, full - window)`` on; kvbits.decode.paged); zero past each length."""
-    k_hat, v_hat = dequantize_kv(_contiguous(cache), dtype=dtype)
-    if isinstance(cache, PagedQuantizedKV) and (cache.sinks or cache.window):
-        g, ring = cache.group_size, cache.ring
-        for i, n in enumerate(cache.seq_lens.tolist()):
-            full = n // g * g
-            sinks = min(cache.sinks, n)
-            window = torch.arange(min(max(cache.sinks, full - cache.window), full), full, device=k_hat.device)
-            for out, sink, residual in ((k_hat, cache.k_sink, cache.k_residual), (v_hat, cache.v_sink, cache.v_residual)):
-                out[i, :, :sinks] = sink[i, :, :sinks].to(dtype)
-                out[i, :, window] = residual[i, :, window % ring].to(dtype)
-    return k_hat, v_hat
+    ``max(sinks, full - window)`` on; kvbits.decode.paged); zero past each length.
+
+    A paged cache is read where its sequences hold tokens: for each sequence, the pages its whole
+    groups fill (block-table entries ``[0, ceil(full / page_size))``), up to its last whole group,
+    and its fp rows, whatever the pool's size or the block table's width."""
+    if not isinstance(cache, PagedQuantizedKV):
+        return dequantize_kv(cache, dtype=dtype)
+    lens = cache.seq_lens.tolist()
+    b, h, d, g = cache.batch, cache.heads, cache.head_dim, cache.group_size
+    shape = (b, h, max(lens, default=0), d)
+    k_hat = torch.zeros(shape, dtype=torch.float32, device=cache.device)
+    v_hat = torch.zeros(shape, dtype=torch.float32, device=cache.device)
+    ring = cache.ring
+    for i, n in enumerate(lens):
+        full = n // g * g
+        if full:
+            k_hat[i, :, :full], v_hat[i, :, :full] = _held_codes(cache, i, full)
+        rest = torch.arange(full, n, device=cache.device)  # the partial group, from the ring
+        sinks = min(cache.sinks, n)
+        window = torch.arange(min(max(cache.sinks, full - cache.window), full), full, device=cache.device)
+        for out, sink, residual in ((k_hat, cache.k_sink, cache.k_residual), (v_hat, cache.v_sink, cache.v_residual)):
+            out[i, :, full:n] = residual[i, :, rest % ring].float()
+            if sinks:
+                out[i, :, :sinks] = sink[i, :, :sinks].float()
+            out[i, :, window] = residual[i, :, window % ring].float()
+    return k_hat.to(dtype), v_hat.to(dtype)
+
+
+def _held_codes(cache: PagedQuantizedKV, i: int, full: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """fp32 (k, v) [H, full, D]: the dequantized codes of the first ``full`` tokens (whole groups) of
+    sequence i, read from the pages they lie in and no other."""
+    p, t, g = cache.page_size, cache.tile, cache.group_size
+    pages = cache.block_table[i, :-(-full // p)].long()
+
+    def held(x: torch.Tensor, rows: int) -> torch.Tensor:
+        # [NP, H, r, ...] -> [1, H, rows, ...]: the sequence's pages in block-table order, cut at ``rows``
+        y = x[pages].transpose(0, 1)
+        return y.reshape(y.shape[0], -1, *y.shape[3:])[None, :, :rows]
+
+    out = []
+    for role, words, scale, zero in (("k", cache.k_words, cache.k_scale, cache.k_zero),
+                                     ("v", cache.v_words, cache.v_scale, cache.v_zero)):
+        codes = codes_from_words(held(words, full // t), cache.bits, role, cache.head_dim, t, cache.warps)
+        rows = full // g if role == "k" else full
+        out.append(_dequantize_side(codes, held(scale, rows), held(zero, rows), cache.bits, g, full, role == "k")[0])
+    return out[0], out[1]
 
 
 def reference_decode(
