@@ -14,6 +14,8 @@ import sys
 from pathlib import Path
 
 import nox
+import nox.sessions
+import nox.virtualenv
 from nox.command import CommandFailed
 
 ROOT = Path(__file__).resolve().parent
@@ -27,6 +29,7 @@ from harness.run.legs import (  # noqa: E402
     compile_triton_versions,
     gpu_leg,
     interpreter_leg,
+    interpreter_leg_for,
 )
 
 nox.options.default_venv_backend = "virtualenv"
@@ -83,24 +86,68 @@ def _drop_venv_when_asked(session: nox.Session) -> None:
         session.log(f"KVH_DROP_LEG_VENVS: removed {location.name}")
 
 
-def _install_default_stack(session: nox.Session) -> None:
-    """The stack of the sessions that run on this machine's device: torch ``KVH_TORCH`` (default
-    the CPU legs' torch) and triton ``KVH_TRITON`` (default torch's own) with the project."""
-    _install_stack(session, os.environ.get("KVH_TORCH", CPU_TORCH), os.environ.get("KVH_TRITON"))
+def _default_stack() -> tuple[str, str | None]:
+    """torch ``KVH_TORCH`` (default the CPU legs' torch) and triton ``KVH_TRITON``; unset, the
+    triton torch pins where a GPU runs the kernels, and without one that of the leg plain
+    ``nox -s tests`` runs, since the kernels run in the interpreter just as that leg's do."""
+    triton = os.environ.get("KVH_TRITON") or (None if _has_gpu() else _default_triton())
+    return os.environ.get("KVH_TORCH", CPU_TORCH), triton
+
+
+def _install_default_stack(session: nox.Session, *, share: bool = True) -> None:
+    """The stack of the sessions that run on this machine's device (:func:`_default_stack`) with
+    the project, in the virtualenv of the ``tests`` leg of the same pins when there is one
+    (:func:`_share_leg_venv`; not with ``share=False``, for a session that adds packages)."""
+    torch, triton = _default_stack()
+    leg = interpreter_leg_for(torch, triton)
+    if share and leg is not None and not _installed(session):
+        _share_leg_venv(session, leg)
+    _install_stack(session, torch, triton)
+
+
+def _share_leg_venv(session: nox.Session, leg) -> None:
+    """Go on in the virtualenv of the ``tests`` session of ``leg``: it holds the very packages this
+    session installs (torch, triton, the project and its extras, ~2.4 GB), so ``verify`` then
+    ``tests`` need one of them, not two. nox keys each virtualenv by its session's name and has no
+    option to share one, so the session's runner is pointed at the leg's, created or reused as nox
+    does it, and the session's own (empty) virtualenv is removed. A backend other than
+    virtualenv/venv/uv, or a nox without these attributes, keeps the session's own."""
+    runner = getattr(session, "_runner", None)
+    own = getattr(runner, "venv", None)
+    envdir = getattr(getattr(runner, "global_config", None), "envdir", None)
+    if not isinstance(own, nox.virtualenv.VirtualEnv) or envdir is None:
+        return
+    location = nox.sessions._normalize_path(os.fspath(envdir), leg.session)
+    if Path(location).resolve() == Path(own.location).resolve():
+        return
+    shared = nox.virtualenv.VirtualEnv(location, own.interpreter, reuse_existing=own.reuse_existing,
+                                       venv_backend=own.venv_backend, venv_params=own.venv_params,
+                                       download_python=own.download_python)
+    shared.create()
+    shared.env["NOX_CURRENT_SESSION"] = own.env.get("NOX_CURRENT_SESSION")
+    runner.venv = shared
+    if Path(own.location).resolve().parent == (ROOT / ".nox").resolve():
+        shutil.rmtree(own.location, ignore_errors=True)
+    session.log(f"{session.name} installs what {leg.session} does: it runs in that session's virtualenv, "
+                f"{Path(location).name}")
 
 
 def _pipeline(session: nox.Session, kind: str, *args: str) -> None:
     session.run(_python(session), "-m", "harness.run.pipeline", kind, *args, external=_installed(session))
 
 
+def _has_gpu() -> bool:
+    """Whether nvidia-smi lists a GPU (torch need not be installed)."""
+    smi = shutil.which("nvidia-smi")
+    if not smi:
+        return False
+    out = subprocess.run([smi, "-L"], capture_output=True, text=True, check=False)
+    return out.returncode == 0 and "GPU" in out.stdout
+
+
 def _require_cuda_driver(session: nox.Session) -> None:
     """Refuse before installing gigabytes of CUDA wheels on a machine without a GPU."""
-    smi = shutil.which("nvidia-smi")
-    listed = ""
-    if smi:
-        out = subprocess.run([smi, "-L"], capture_output=True, text=True, check=False)
-        listed = out.stdout if out.returncode == 0 else ""
-    if "GPU" not in listed:
+    if not _has_gpu():
         session.error("gpu_verify needs a CUDA device, and nvidia-smi finds none: nothing was installed "
                       "or run. `nox -s verify` or `nox -s tests` run in the Triton interpreter on CPU.")
 
@@ -188,7 +235,7 @@ PEERS_MARKER = "peers"  # the peer comparison's cases (suites/test_bench_peers.p
 @nox.session(default=False)
 def peers(session: nox.Session) -> None:
     """The peer comparison alone: kvbits against harness/peers (bench cases marked peers), report."""
-    _install_default_stack(session)
+    _install_default_stack(session, share=False)  # the peers' packages go in beside it
     _install_peers(session)
     # the bench step selects -m bench; a later -m replaces it in pytest, and posargs come after
     _pipeline(session, "bench", "-m", PEERS_MARKER, *session.posargs)

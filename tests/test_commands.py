@@ -69,8 +69,12 @@ def test_leg_lookup():
         legs.interpreter_leg("9.9.9")
     with pytest.raises(ValueError, match="no GPU leg"):
         legs.gpu_leg("2.11.0", "3.4.0")
-    assert legs.installed_leg_name("2.11.0+cu130", "3.6.0", gpu=True) == "gpu-torch2.11.0+cu130-triton3.6.0"
-    assert legs.installed_leg_name("2.13.0+cpu", "3.9.0", gpu=False) == "cpu-torch2.13.0+cpu-triton3.9.0"
+    # an installed build names its leg as the leg's pins do: its local build label dropped
+    assert legs.stack_leg_name("2.11.0+cu130", "3.6.0", gpu=True) == legs.gpu_leg("2.11.0", "3.6.0").name
+    assert legs.stack_leg_name("2.13.0+cpu", "3.9.0", gpu=False) == legs.interpreter_leg("3.9.0").name
+    assert legs.interpreter_leg_for("2.13.0", "3.6.0") == legs.interpreter_leg("3.6.0")
+    assert legs.interpreter_leg_for("2.13.0", None) is None
+    assert legs.interpreter_leg_for("2.11.0", "3.6.0") is None
 
 
 # -- install and pytest commands -------------------------------------------------------------------

@@ -46,6 +46,7 @@ def _keep_leg_venvs(monkeypatch):
 
 class FakeSession:
     def __init__(self, tmp_path, *, venv_backend="virtualenv", posargs=(), failing=(), output=""):
+        self.name = "fake"
         self.venv_backend = venv_backend
         self.posargs = list(posargs)
         self.failing = failing
@@ -266,6 +267,63 @@ def test_verify_and_bench_install_the_default_stack(tmp_path, monkeypatch):
         getattr(noxfile, name)(session)
         assert session.installs() == commands.install_commands(legs.CPU_TORCH, "3.6.0")
         assert session.runs() == [("python", "-m", "harness.run.pipeline", name)]
+
+
+def test_without_a_gpu_verify_installs_the_tests_leg_and_with_one_torchs_own_triton(tmp_path, monkeypatch):
+    monkeypatch.delenv("KVH_TORCH_INDEX_URL", raising=False)
+    monkeypatch.delenv("KVH_TORCH", raising=False)
+    monkeypatch.delenv("KVH_TRITON", raising=False)
+    noxfile = load_noxfile()
+    for gpu, triton in ((False, noxfile._default_triton()), (True, None)):
+        monkeypatch.setattr(noxfile, "_has_gpu", lambda gpu=gpu: gpu)
+        session = FakeSession(tmp_path)
+        noxfile.verify(session)
+        assert session.installs() == commands.install_commands(legs.CPU_TORCH, triton)
+
+
+def _runner_session(noxfile, tmp_path, monkeypatch):
+    """A FakeSession with a nox runner whose virtualenv is .nox/<own>; creating one is noted, not done."""
+    created = []
+    monkeypatch.setattr(noxfile.nox.virtualenv.VirtualEnv, "create", lambda venv: created.append(venv.location))
+    session = FakeSession(tmp_path)
+    own = noxfile.nox.virtualenv.VirtualEnv(str(tmp_path / ".nox" / "own"), reuse_existing=True)
+    session._runner = SimpleNamespace(venv=own, global_config=SimpleNamespace(envdir=str(tmp_path / ".nox")))
+    return session, created
+
+
+@pytest.mark.parametrize("name", ["verify", "bench", "ab", "mutants"])
+def test_a_session_installing_a_legs_packages_runs_in_that_legs_virtualenv(tmp_path, monkeypatch, name):
+    """verify (bench, ab, mutants) on the pins of a tests leg: that leg's virtualenv, one for both."""
+    monkeypatch.delenv("KVH_TORCH", raising=False)
+    monkeypatch.setenv("KVH_TRITON", "3.6.0")
+    noxfile = load_noxfile()
+    monkeypatch.setattr(noxfile, "_run_then_report", lambda session, module, run: None)
+    session, created = _runner_session(noxfile, tmp_path, monkeypatch)
+    getattr(noxfile, name)(session)
+    leg_venv = nox.sessions._normalize_path(str(tmp_path / ".nox"), "tests(triton='3.6.0')")  # (hashed when long)
+    assert created == [leg_venv] and session._runner.venv.location == leg_venv
+    assert session._runner.venv.reuse_existing
+    assert session.installs() == commands.install_commands(legs.CPU_TORCH, "3.6.0")
+
+
+def test_a_session_on_other_pins_or_adding_packages_keeps_its_own_virtualenv(tmp_path, monkeypatch):
+    monkeypatch.delenv("KVH_TORCH", raising=False)
+    noxfile = load_noxfile()
+    for triton, name in (("3.6.0", "peers"), ("3.5.0", "verify")):
+        monkeypatch.setenv("KVH_TRITON", triton)
+        session, created = _runner_session(noxfile, tmp_path, monkeypatch)
+        getattr(noxfile, name)(session)
+        assert created == [] and session._runner.venv.location == str(tmp_path / ".nox" / "own")
+    monkeypatch.setenv("KVH_TORCH", "2.11.0")
+    monkeypatch.setenv("KVH_TRITON", "3.6.0")
+    session, created = _runner_session(noxfile, tmp_path, monkeypatch)
+    noxfile.verify(session)
+    assert created == []
+
+
+def test_the_legs_virtualenv_is_the_one_nox_gives_the_tests_session():
+    """The shared location is nox's own name for the leg session's virtualenv (``nox -l`` ids)."""
+    assert nox.sessions._normalize_path(".nox", legs.interpreter_leg("3.9.0").session) == ".nox/tests-triton-3-9-0"
 
 
 def test_peers_session_runs_the_bench_pipeline_on_the_peers_marker(tmp_path, monkeypatch):

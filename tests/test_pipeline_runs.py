@@ -11,8 +11,8 @@ from synthetic import env_for, rec, write_run
 
 from harness.run import pipeline
 
-INSTALLED = "gpu-torch2.11.0+cu130-triton3.6.0"  # the leg name of the installed build
-PINNED = "gpu-torch2.11.0-triton3.6.0"  # the same stack as a GPU leg names it
+INSTALLED = "gpu-torch2.11.0+cu130-triton3.6.0"  # the leg name with the installed build's local label
+PINNED = "gpu-torch2.11.0-triton3.6.0"  # the same stack as a GPU leg (and the installed build) names it
 
 
 @pytest.fixture
@@ -44,7 +44,7 @@ def rendered(tmp_path, monkeypatch) -> list[dict]:
 
 def test_no_bench_leaves_no_earlier_benchmarks_in_the_report(rendered):
     assert pipeline.main(["gpu_verify"]) == 0
-    suites, bench = f"reports/runs/gpu_verify-{INSTALLED}", f"reports/runs/gpu_verify-{INSTALLED}-bench"
+    suites, bench = f"reports/runs/gpu_verify-{PINNED}", f"reports/runs/gpu_verify-{PINNED}-bench"
     assert rendered[-1]["run_dirs"] == [suites, bench]
     assert pipeline.main(["gpu_verify", "--no-bench"]) == 0
     assert rendered[-1]["run_dirs"] == [suites]

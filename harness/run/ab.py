@@ -312,7 +312,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     gpus = pipeline.visible_devices(info["count"])
     device = args.device or (gpus[0] if gpus else None)
     gpu = dict(zip(gpus, info["names"], strict=False)).get(device)
-    leg = args.leg or legs.installed_leg_name(info["torch"], info["triton"], gpu=device is not None)
+    leg = args.leg or legs.stack_leg_name(info["torch"], info["triton"], gpu=device is not None)
     env = {**commands.GPU_ENV, **commands.pinned_env(device)} if device is not None else dict(commands.INTERPRETER_ENV)
     if device is None:
         print(pipeline.FALLBACK_NOTICE, flush=True)

@@ -75,11 +75,11 @@ def capture(leg: str | None = None) -> dict:
         triton_version = None
     from kvbits._runtime import run_mode
 
-    from .legs import installed_leg_name
+    from .legs import stack_leg_name
 
     gpus = gpu_info()
     mode = run_mode()
-    default_leg = installed_leg_name(torch.__version__, str(triton_version), gpu=mode == "gpu")
+    default_leg = stack_leg_name(torch.__version__, str(triton_version), gpu=mode == "gpu")
     return {
         "leg": leg or os.environ.get("KVH_LEG") or default_leg,
         "mode": mode,

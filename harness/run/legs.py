@@ -32,7 +32,7 @@ class InterpreterLeg:
 
     @property
     def name(self) -> str:
-        return f"cpu-torch{self.torch}-triton{self.triton}"
+        return stack_leg_name(self.torch, self.triton, gpu=False)
 
     @property
     def session(self) -> str:
@@ -50,7 +50,7 @@ class GpuLeg:
 
     @property
     def name(self) -> str:
-        return f"gpu-torch{self.torch}-triton{self.triton}"
+        return stack_leg_name(self.torch, self.triton, gpu=True)
 
     @property
     def params(self) -> str:
@@ -110,9 +110,21 @@ def gpu_leg(torch: str, triton: str) -> GpuLeg:
     raise ValueError(f"no GPU leg for torch {torch!r} / triton {triton!r}; legs: {[leg.name for leg in GPU_LEGS]}")
 
 
-def installed_leg_name(torch_version: str, triton_version: str, *, gpu: bool) -> str:
-    """The leg name of a run on whatever torch/triton is installed (``--no-venv``)."""
-    return f"{'gpu' if gpu else 'cpu'}-torch{torch_version}-triton{triton_version}"
+def stack_leg_name(torch: str, triton: str, *, gpu: bool) -> str:
+    """The one name of a torch/triton stack's leg, ``cpu-torch2.13.0-triton3.9.0``, whether the
+    versions are a leg's pins or those installed (a ``--no-venv`` run, ``nox -s verify``): the
+    local build label of an installed version (``2.13.0+cpu``, ``2.11.0+cu130``) is dropped, so
+    that every session that runs the same stack names it alike."""
+    return f"{'gpu' if gpu else 'cpu'}-torch{_public(torch)}-triton{_public(triton)}"
+
+
+def _public(version: str) -> str:
+    return version.split("+", 1)[0]
+
+
+def interpreter_leg_for(torch: str, triton: str | None) -> InterpreterLeg | None:
+    """The interpreter leg whose pins are exactly ``torch`` and ``triton``, if any."""
+    return next((leg for leg in INTERPRETER_LEGS if (leg.torch, leg.triton) == (torch, triton)), None)
 
 
 LEG_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._+-]*")

@@ -332,7 +332,7 @@ def main(argv: Sequence[str] | None = None) -> int:
               "Nothing was run. Use `nox -s verify` or `nox -s tests` to run in the Triton "
               "interpreter on CPU.", file=sys.stderr, flush=True)
         return NO_CUDA_EXIT
-    leg = args.leg or legs.installed_leg_name(info["torch"], info["triton"], gpu=bool(gpus))
+    leg = args.leg or legs.stack_leg_name(info["torch"], info["triton"], gpu=bool(gpus))
     if gpus:
         names = ", ".join(f"{d}: {n}" for d, n in zip(gpus, info["names"], strict=False))
         _say(f"{args.kind}: {len(gpus)} CUDA device(s) [{names}]; torch {info['torch']} "
