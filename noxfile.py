@@ -71,8 +71,8 @@ def _install_stack(session: nox.Session, torch: str, triton: str | None, index_u
 
 
 def _drop_venv_when_asked(session: nox.Session) -> None:
-    """Under ``KVH_DROP_LEG_VENVS=1`` a leg's virtualenv (1.5-2 GB: torch and one triton) is removed
-    once the leg has run, so the legs of one run need one leg's disk, not all of them together."""
+    """Under ``KVH_DROP_LEG_VENVS=1`` a leg's virtualenv (about 2.5 GB: torch, one triton, the extras) is
+    removed once the leg has run, so the legs of one run need one leg's disk, not all of them together."""
     if os.environ.get("KVH_DROP_LEG_VENVS") != "1" or _installed(session):
         return
     location = Path(session.virtualenv.location).resolve()
@@ -107,7 +107,7 @@ def _install_default_stack(session: nox.Session, *, share: bool = True) -> None:
 
 def _share_leg_venv(session: nox.Session, leg) -> None:
     """Go on in the virtualenv of the ``tests`` session of ``leg``: it holds the very packages this
-    session installs (torch, triton, the project and its extras, ~2.4 GB), so ``verify`` then
+    session installs (torch, triton, the project and its extras, about 2.5 GB), so ``verify`` then
     ``tests`` need one of them, not two. nox keys each virtualenv by its session's name and has no
     option to share one, so the session's runner is pointed at the leg's, created or reused as nox
     does it, and the session's own (empty) virtualenv is removed. A backend other than
