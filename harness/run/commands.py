@@ -22,7 +22,7 @@ from pathlib import Path
 
 from .legs import GPU_LEGS, INTERPRETER_LEGS, GpuLeg
 
-PROJECT_EXTRAS = "test,report,transformers,quality"
+PROJECT_EXTRAS = "test,report,history,transformers,quality"
 DOCKERFILE = "docker/Dockerfile"
 CONTAINER_ROOT = "/workspace"
 CONTAINER_CACHE = "/cache"
