@@ -37,7 +37,7 @@ nox.options.reuse_venv = "yes"
 
 GPU_PARAMS = [(leg.torch, leg.triton) for leg in GPU_LEGS]
 EXTRAS = nox.project.load_toml(ROOT / "pyproject.toml")["project"]["optional-dependencies"]
-REPORT_DEPS = EXTRAS["report"]
+REPORT_DEPS = EXTRAS["report"] + EXTRAS["history"]  # the report reads the run history
 # peers that build CUDA kernels from source for tens of minutes where no wheel matches the
 # installed torch: the peers session takes them from a wheel or not at all
 WHEEL_ONLY_PEERS = ("flash-attn",)

@@ -5,8 +5,9 @@ importing only parts listed before it (tests/test_harness_layout.py checks that 
 forms):
 
 - ``records`` (module): the result record, its JSON Lines writer and reader, the run manifest;
-  every other part reads it. ``history`` (module): every GPU run's records in one SQLite file
-  (``python -m harness.history``).
+  every other part reads it. ``history`` (module): every GPU run's records in one database,
+  a SQLite file or a PostgreSQL server a fleet shares (``python -m harness.history``; reached
+  through ``history_db``).
 - ``measure/``: timing and bandwidth, the read floor, the static SASS budget, where a run's wall
   time goes, benchmark progress lines. Imports nothing else of the harness.
 - ``run/``: the version legs, every command line, the pipeline (``python -m

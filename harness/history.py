@@ -1,18 +1,23 @@
-"""The run history: every recorded GPU run's cases in one SQLite database (the standard library's
-``sqlite3``), for rolling baselines and trends over many runs.
+"""The run history: every recorded GPU run's cases in one database, for rolling baselines and
+trends over many runs: a SQLite file on one machine, or a PostgreSQL server that a fleet of
+runners shares (harness.history_db says how each is reached; one schema and one set of statements
+serve both).
 
 ``python -m harness.history add RUN_DIR...`` appends run directories (``records.jsonl`` and
-``manifest.json``, harness.records); ``list`` lists the runs; ``export --format csv|json``
-writes every case; ``prune --keep N`` keeps the newest N runs of each (leg, GPU) and, apart, its
-newest N A/B rounds; ``baseline --leg L -o FILE`` writes the rolling baseline of L's last runs as
-a baseline file (each case's spread across those runs, machines or visits, as its noise). The
-database is ``$KVH_HISTORY`` (default ``~/.cache/kvbits/history.sqlite``).
+``manifest.json``, harness.records); ``list`` lists the runs; ``export --format csv|json`` writes
+every case; ``prune --keep N`` keeps the newest N runs of each (leg, GPU) and, apart, its newest N
+A/B rounds; ``baseline --leg L -o FILE`` writes the rolling baseline of L's last runs as a baseline
+file (each case's spread across those runs, machines or visits, as its noise). The database is
+``$KVH_HISTORY`` or ``--db``: a path (default ``~/.cache/kvbits/history.sqlite``) or a URL
+``postgresql://user:password@host/db``.
 
-Durability: the database runs in WAL mode with a busy timeout, so several runners or processes
-may write at once; each run goes in as one transaction, so a process killed mid-write leaves the
-database as it was before that run; a run already present is not added twice. A database that is
-locked past the timeout, unreadable or not a database raises :class:`HistoryError` saying which
-file and what to do; callers report it and go on (a run's report never depends on the history).
+Durability: each run goes in as one transaction keyed by its run id, so several runners or
+processes may write at once, a run already present is not added twice, and a process killed
+mid-write leaves the history as it was before that run. A SQLite file runs in WAL mode with a
+busy timeout; a server that drops a writer or restarts is tried again. A history that is locked
+past the timeout, unreadable, not a database or unreachable raises :class:`HistoryError` saying
+which (a URL's password hidden) and what to do; callers report it and go on (a run's report
+never depends on the history).
 """
 
 from __future__ import annotations
@@ -22,15 +27,28 @@ import csv
 import json
 import math
 import os
-import sqlite3
 import statistics
 import sys
-import time
 from collections import Counter
 from collections.abc import Iterable, Sequence
-from contextlib import closing
 from pathlib import Path
 
+from .history_db import (
+    BUSY_TIMEOUT_S,
+    CASES,
+    DEFAULT_PATH,
+    RUNS,
+    HistoryError,
+    HistoryMissing,
+    Location,
+    as_location,
+    history_location,
+    reader,
+    retrying,
+    sa,
+    shown,
+    writer,
+)
 from .measure.noise import Timing
 from .records import (
     BASELINE_FORMAT,
@@ -45,69 +63,26 @@ from .records import (
     write_json_atomic,
 )
 
-DEFAULT_PATH = Path("~/.cache/kvbits/history.sqlite")
-BUSY_TIMEOUT_S = 30.0
-SCHEMA = """
-CREATE TABLE IF NOT EXISTS runs (
-    run_id TEXT PRIMARY KEY, leg TEXT, mode TEXT, gpu TEXT, commit_sha TEXT, torch TEXT, triton TEXT,
-    started TEXT, finished TEXT, complete INTEGER
-);
-CREATE TABLE IF NOT EXISTS cases (
-    run_id TEXT NOT NULL REFERENCES runs(run_id) ON DELETE CASCADE, suite TEXT, nodeid TEXT, variant TEXT,
-    backend TEXT, device TEXT, outcome TEXT, duration_s REAL, metrics TEXT
-);
-CREATE INDEX IF NOT EXISTS cases_by_case ON cases (nodeid, variant);
-"""
 CASE_COLUMNS = ("run_id", "leg", "gpu", "commit_sha", "started", "suite", "nodeid", "variant", "backend", "device",
                 "outcome", "duration_s", "metrics")
 
 
-class HistoryError(RuntimeError):
-    """The history database cannot be used (locked, unreadable, not a database)."""
+def _location(path: str | os.PathLike | None) -> Location:
+    """``path`` (a file or a PostgreSQL URL), else ``$KVH_HISTORY``'s."""
+    return history_location() if path is None else as_location(path)
 
 
-def history_path(environ=os.environ) -> Path:
-    """``$KVH_HISTORY``, else ``~/.cache/kvbits/history.sqlite``."""
-    return Path(environ.get("KVH_HISTORY") or DEFAULT_PATH).expanduser()
+def _text(value) -> str | None:
+    """A value for a text column: None stays None; a server's text holds no NUL character."""
+    return None if value is None else str(value).replace("\x00", "\ufffd")
 
 
-def _connect(path: Path) -> sqlite3.Connection:
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        db = sqlite3.connect(path, timeout=BUSY_TIMEOUT_S, isolation_level=None)
-    except (sqlite3.Error, OSError) as exc:
-        raise HistoryError(_explain(path, exc)) from exc
-    deadline = time.monotonic() + BUSY_TIMEOUT_S
-    while True:
-        try:
-            db.execute("PRAGMA journal_mode=WAL")
-            db.execute("PRAGMA foreign_keys=ON")
-            db.executescript(SCHEMA)
-            return db
-        except sqlite3.OperationalError as exc:
-            # switching to WAL and creating the tables while another process does the same can be
-            # refused at once, without the busy timeout's wait: try again until the timeout
-            if not _busy(exc) or time.monotonic() > deadline:
-                db.close()
-                raise HistoryError(_explain(path, exc)) from exc
-            time.sleep(0.05)
-        except sqlite3.Error as exc:
-            db.close()
-            raise HistoryError(_explain(path, exc)) from exc
+def _oldest_first() -> tuple:
+    return (RUNS.c.started.asc().nulls_first(), RUNS.c.run_id.asc())
 
 
-def _busy(exc: BaseException) -> bool:
-    return "locked" in str(exc) or "busy" in str(exc)
-
-
-def _explain(path: Path, exc: BaseException) -> str:
-    text = str(exc)
-    if _busy(exc):
-        return f"history {path}: locked by another process for more than {BUSY_TIMEOUT_S:g} s ({text})"
-    if "not a database" in text or "malformed" in text:
-        return (f"history {path}: not a readable SQLite database ({text}); move it aside to start a new "
-                f"history, or set KVH_HISTORY to another file")
-    return f"history {path}: {type(exc).__name__}: {text}"
+def _newest_first() -> tuple:
+    return (RUNS.c.started.desc().nulls_last(), RUNS.c.run_id.desc())
 
 
 def run_key(manifest: dict, run_dir: Path) -> str:
@@ -116,81 +91,100 @@ def run_key(manifest: dict, run_dir: Path) -> str:
     return f"{manifest.get('run_id') or run_dir.name}@{manifest.get('started') or '-'}"
 
 
-def _run_row(run_dir: Path) -> tuple:
+def _run_row(run_dir: Path) -> dict:
     """A run's row, keyed by :func:`run_key`."""
     manifest = read_manifest(run_dir)
     if not isinstance(manifest, dict):
         manifest = {}
     env = manifest.get("env") if isinstance(manifest.get("env"), dict) else {}
-    run_id = run_key(manifest, run_dir)
-    return (run_id, manifest.get("leg"), manifest.get("mode"), env.get("gpu"), env.get("commit"),
-            env.get("torch"), env.get("triton"), manifest.get("started"), manifest.get("finished"),
-            int(bool(manifest.get("complete"))))
+    return {"run_id": _text(run_key(manifest, run_dir)), "leg": _text(manifest.get("leg")),
+            "mode": _text(manifest.get("mode")), "gpu": _text(env.get("gpu")), "commit_sha": _text(env.get("commit")),
+            "torch": _text(env.get("torch")), "triton": _text(env.get("triton")),
+            "started": _text(manifest.get("started")), "finished": _text(manifest.get("finished")),
+            "complete": int(bool(manifest.get("complete")))}
 
 
-def add_runs(run_dirs: Iterable[str | os.PathLike], path: Path | None = None) -> list[str]:
+def _case_rows(run_id: str, run_dir: Path) -> list[dict]:
+    rows = []
+    for r in read_records(run_dir / RECORDS_FILE).records:
+        duration = r.duration_s if isinstance(r.duration_s, (int, float)) and not isinstance(r.duration_s, bool) else None
+        rows.append({"run_id": run_id, "suite": _text(r.suite), "nodeid": _text(r.nodeid), "variant": _text(r.variant),
+                     "backend": _text(r.backend), "device": _text(r.device), "outcome": _text(r.outcome),
+                     "duration_s": duration, "metrics": _text(json.dumps(r.metrics, sort_keys=True, default=str))})
+    return rows
+
+
+def _insert_run(engine, location: Location, run: dict, case_rows: list[dict]) -> bool:
+    """One run and its cases in one transaction; False when the run is there already (added by
+    another writer: the run id is the primary key, so the second insert fails and nothing of it
+    stays). A connection lost on the way is tried again; when an attempt had sent its commit
+    before the loss, finding the run there afterwards means that commit went through."""
+    committing = []
+
+    def attempt(_number: int) -> bool:
+        with engine.connect() as connection:
+            connection.execute(RUNS.insert(), run)
+            if case_rows:
+                connection.execute(CASES.insert(), case_rows)
+            committing.append(True)
+            connection.commit()
+        return True
+
+    try:
+        return retrying(location, attempt)
+    except sa.exc.IntegrityError:
+        return bool(committing)
+
+
+def add_runs(run_dirs: Iterable[str | os.PathLike], path: str | os.PathLike | None = None) -> list[str]:
     """Append each run directory's records, one transaction per run; returns the run ids added
-    (a run already in the history is skipped, a directory without records too)."""
-    path = history_path() if path is None else Path(path)
+    (a run already in the history is skipped, a directory without records too). ``path``: a
+    SQLite file or a PostgreSQL URL (default ``$KVH_HISTORY``)."""
+    location = _location(path)
     added = []
-    with closing(_connect(path)) as db:
+    with writer(location) as engine:
         for run_dir in map(Path, run_dirs):
             if not (run_dir / RECORDS_FILE).exists() and not (run_dir / MANIFEST_FILE).exists():
                 continue
             run = _run_row(run_dir)
-            records = read_records(run_dir / RECORDS_FILE).records
-            try:
-                db.execute("BEGIN IMMEDIATE")
-                if db.execute("SELECT 1 FROM runs WHERE run_id = ?", (run[0],)).fetchone():
-                    db.execute("ROLLBACK")
-                    continue
-                db.execute("INSERT INTO runs VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)", run)
-                db.executemany("INSERT INTO cases VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)", [
-                    (run[0], r.suite, r.nodeid, r.variant, r.backend, r.device, r.outcome, r.duration_s,
-                     json.dumps(r.metrics, sort_keys=True, default=str)) for r in records])
-                db.execute("COMMIT")
-            except sqlite3.Error as exc:
-                if db.in_transaction:
-                    db.execute("ROLLBACK")
-                raise HistoryError(_explain(path, exc)) from exc
-            added.append(run[0])
+            if _insert_run(engine, location, run, _case_rows(run["run_id"], run_dir)):
+                added.append(run["run_id"])
     return added
 
 
-def runs(path: Path | None = None) -> list[dict]:
-    """Every run, oldest first, with its number of cases; none where the database does not exist
+def runs(path: str | os.PathLike | None = None) -> list[dict]:
+    """Every run, oldest first, with its number of cases; none where there is no history yet
     (reading creates nothing)."""
-    path = history_path() if path is None else Path(path)
-    if not path.exists():
+    try:
+        with reader(_location(path)) as connection:
+            rows = connection.execute(
+                sa.select(RUNS.c.run_id, RUNS.c.leg, RUNS.c.gpu, RUNS.c.commit_sha, RUNS.c.started, RUNS.c.complete,
+                          sa.func.count(CASES.c.run_id))
+                .select_from(RUNS.outerjoin(CASES, CASES.c.run_id == RUNS.c.run_id))
+                .group_by(RUNS.c.run_id).order_by(*_oldest_first())).all()
+    except HistoryMissing:
         return []
-    with closing(_connect(path)) as db:
-        try:
-            rows = db.execute("SELECT r.run_id, r.leg, r.gpu, r.commit_sha, r.started, r.complete, COUNT(c.run_id) "
-                              "FROM runs r LEFT JOIN cases c ON c.run_id = r.run_id GROUP BY r.run_id "
-                              "ORDER BY r.started, r.run_id").fetchall()
-        except sqlite3.Error as exc:
-            raise HistoryError(_explain(path, exc)) from exc
     keys = ("run_id", "leg", "gpu", "commit", "started", "complete", "cases")
     return [dict(zip(keys, row, strict=True)) for row in rows]
 
 
-def cases(path: Path | None = None, *, nodeid: str | None = None, leg: str | None = None,
+def cases(path: str | os.PathLike | None = None, *, nodeid: str | None = None, leg: str | None = None,
           gpu: str | None = None) -> list[dict]:
-    """Every case (metrics decoded), oldest run first; filtered by nodeid, leg and GPU when given."""
-    path = history_path() if path is None else Path(path)
-    where, args = [], []
-    for column, value in (("c.nodeid", nodeid), ("r.leg", leg), ("r.gpu", gpu)):
-        if value is not None:
-            where.append(f"{column} = ?")
-            args.append(value)
-    query = ("SELECT c.run_id, r.leg, r.gpu, r.commit_sha, r.started, c.suite, c.nodeid, c.variant, c.backend, "
-             "c.device, c.outcome, c.duration_s, c.metrics FROM cases c JOIN runs r ON r.run_id = c.run_id"
-             + (" WHERE " + " AND ".join(where) if where else "") + " ORDER BY r.started, c.run_id, c.rowid")
-    with closing(_connect(path)) as db:
-        try:
-            rows = db.execute(query, args).fetchall()
-        except sqlite3.Error as exc:
-            raise HistoryError(_explain(path, exc)) from exc
+    """Every case (metrics decoded), oldest run first; filtered by nodeid, leg and GPU when given;
+    none where there is no history yet."""
+    try:
+        with reader(_location(path)) as connection:
+            query = (sa.select(CASES.c.run_id, RUNS.c.leg, RUNS.c.gpu, RUNS.c.commit_sha, RUNS.c.started,
+                               CASES.c.suite, CASES.c.nodeid, CASES.c.variant, CASES.c.backend, CASES.c.device,
+                               CASES.c.outcome, CASES.c.duration_s, CASES.c.metrics)
+                     .join_from(CASES, RUNS, CASES.c.run_id == RUNS.c.run_id)
+                     .order_by(*_oldest_first(), CASES.c.rowid))
+            for column, value in ((CASES.c.nodeid, nodeid), (RUNS.c.leg, leg), (RUNS.c.gpu, gpu)):
+                if value is not None:
+                    query = query.where(column == value)
+            rows = connection.execute(query).all()
+    except HistoryMissing:
+        return []
     out = []
     for row in rows:
         item = dict(zip(CASE_COLUMNS, row, strict=True))
@@ -200,22 +194,12 @@ def cases(path: Path | None = None, *, nodeid: str | None = None, leg: str | Non
 
 
 def rolling_values(nodeid: str, metric: str, *, leg: str, gpu: str | None, last: int,
-                   path: Path | None = None) -> list[float]:
+                   path: str | os.PathLike | None = None) -> list[float]:
     """The metric of a passed case over the newest ``last`` runs of one leg and GPU (oldest first):
     what a rolling baseline is made of."""
     values = [c["metrics"].get(metric) for c in cases(path, nodeid=nodeid, leg=leg, gpu=gpu)
               if c["outcome"] == "passed"]
     return [float(v) for v in values if isinstance(v, (int, float)) and not isinstance(v, bool)][-last:]
-
-
-def _connect_read_only(path: Path, timeout_s: float) -> sqlite3.Connection:
-    """A connection that only reads: a missing file is an error, never created."""
-    if not path.is_file():
-        raise HistoryError(f"history {path}: no such file")
-    try:
-        return sqlite3.connect(f"{path.resolve().as_uri()}?mode=ro", uri=True, timeout=timeout_s)
-    except (sqlite3.Error, OSError) as exc:
-        raise HistoryError(_explain(path, exc)) from exc
 
 
 def _metric_of(metrics: str | None, metric: str) -> float | None:
@@ -227,36 +211,37 @@ def _metric_of(metrics: str | None, metric: str) -> float | None:
     return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
 
 
-def _newest_runs(db: sqlite3.Connection, leg: str, gpu: str | None, last: int,
-                 nodeids: list[str] | None) -> list[tuple]:
+def _trend_runs():
+    """The runs a trend or a rolling baseline is drawn from: re-runs and A/B rounds left out."""
+    return sa.and_(RUNS.c.run_id.not_like(CONFIRM_RUN), RUNS.c.run_id.not_like(AB_RUN))
+
+
+def _newest_runs(connection, leg: str, gpu: str | None, last: int, nodeids: list[str] | None) -> list[tuple]:
     """(run_id, commit, started) of the newest ``last`` runs of a leg and GPU, oldest first; with
     ``nodeids``, only the runs that ran one of them."""
-    ran_one = ("" if nodeids is None else " AND EXISTS (SELECT 1 FROM cases c WHERE c.run_id = runs.run_id "
-               f"AND c.nodeid IN ({', '.join('?' * len(nodeids))}))")
-    rows = db.execute(f"SELECT run_id, commit_sha, started FROM runs WHERE leg = ? AND gpu IS ?{ran_one} "
-                      "AND run_id NOT LIKE ? AND run_id NOT LIKE ? ORDER BY started DESC, run_id DESC LIMIT ?",
-                      (leg, gpu, *(nodeids or ()), CONFIRM_RUN, AB_RUN, max(0, last)))
-    return list(reversed(rows.fetchall()))
+    query = (sa.select(RUNS.c.run_id, RUNS.c.commit_sha, RUNS.c.started)
+             .where(RUNS.c.leg == leg, RUNS.c.gpu.is_not_distinct_from(gpu), _trend_runs())
+             .order_by(*_newest_first()).limit(max(0, last)))
+    if nodeids is not None:
+        query = query.where(sa.exists().where(CASES.c.run_id == RUNS.c.run_id, CASES.c.nodeid.in_(nodeids)))
+    return list(reversed(connection.execute(query).all()))
 
 
 def case_series(metric: str, *, leg: str, gpu: str | None, last: int, nodeids: Iterable[str] | None = None,
-                path: Path | None = None, timeout_s: float = BUSY_TIMEOUT_S
+                path: str | os.PathLike | None = None, timeout_s: float = BUSY_TIMEOUT_S
                 ) -> tuple[list[dict], dict[tuple[str, str | None], list[float | None]]]:
     """``metric`` of each case over the newest ``last`` runs of one leg and GPU, oldest first: the
     runs (run_id, commit, started) and, per (nodeid, variant), one value per run, None where the
     case did not pass or lacks the metric. ``nodeids``: only these cases, and only the runs that
     ran one of them (a pipeline's suites and benchmarks go in as two runs). Reads only; a missing,
-    locked (past ``timeout_s``) or unreadable database raises :class:`HistoryError`."""
-    path = history_path() if path is None else Path(path)
+    locked (past ``timeout_s``), unreachable or unreadable history raises :class:`HistoryError`."""
     wanted = None if nodeids is None else sorted(set(nodeids))
-    with closing(_connect_read_only(path, timeout_s)) as db:
-        try:
-            runs_rows = _newest_runs(db, leg, gpu, last, wanted)
-            ids = [row[0] for row in runs_rows]
-            case_rows = db.execute(f"SELECT run_id, nodeid, variant, outcome, metrics FROM cases WHERE run_id IN "
-                                   f"({', '.join('?' * len(ids))}) ORDER BY rowid", ids).fetchall()
-        except sqlite3.Error as exc:
-            raise HistoryError(_explain(path, exc)) from exc
+    with reader(_location(path), timeout_s) as connection:
+        runs_rows = _newest_runs(connection, leg, gpu, last, wanted)
+        ids = [row[0] for row in runs_rows]
+        case_rows = connection.execute(
+            sa.select(CASES.c.run_id, CASES.c.nodeid, CASES.c.variant, CASES.c.outcome, CASES.c.metrics)
+            .where(CASES.c.run_id.in_(ids)).order_by(CASES.c.rowid)).all()
     column = {run_id: i for i, run_id in enumerate(ids)}
     series: dict[tuple[str, str | None], list[float | None]] = {}
     for run_id, nodeid, variant, outcome, metrics in case_rows:
@@ -313,7 +298,7 @@ def _rolling_entry(rows: list[tuple], leg: str, env: str) -> dict:
     suite, nodeid, backend, variant = rows[0][:4]
     group_suite, case = _case_identity(suite, nodeid)
     entry = {"suite": group_suite, "case": case, "backend": backend, "variant": variant, "env": env, "legs": [leg],
-             "outcome": max((row[4] for row in rows), key=_severity)}
+             "outcome": max((row[4] for row in rows), key=_severity), "runs_n": len(rows)}
     passed = [json.loads(row[5] or "{}") for row in rows if row[4] == "passed"]
     for name in ROLLING_TIMINGS:
         values = [v for v in (_number(m.get(name)) for m in passed) if v is not None and math.isfinite(v) and v > 0]
@@ -331,28 +316,28 @@ def _rolling_entry(rows: list[tuple], leg: str, env: str) -> dict:
     return entry
 
 
-def rolling_baseline(leg: str, gpu: str | None, *, last: int = 5, path: Path | None = None,
+def rolling_baseline(leg: str, gpu: str | None, *, last: int = 5, path: str | os.PathLike | None = None,
                      timeout_s: float = BUSY_TIMEOUT_S, exclude: Iterable[str] = ()) -> dict:
     """A baseline (the dict ``harness.report.baseline.compare`` takes) from the run history: each
     case as it ran in the newest ``last`` complete runs of ``leg`` on ``gpu`` that ran it (a
     pipeline's suites and benchmarks go in as separate runs; confirmation re-runs are left out):
     the median of its per-run medians as ``ms``, their spread across the runs as its noise
     (``ms_n`` runs, ``ms_min``, ``ms_iqr``, ``ms_mad``, ``spread: "runs"``), the worst outcome and
-    errors. ``exclude``: run ids (:func:`run_key`) left out, such as those of the run compared,
-    once it is in the history itself. Reads only; HistoryError as for :func:`case_series`."""
+    errors, and ``runs_n``, the runs it was taken from. ``exclude``: run ids (:func:`run_key`) left
+    out, such as those of the run compared, once it is in the history itself. Reads only;
+    HistoryError as for :func:`case_series`."""
     if last < 1:
         raise ValueError(f"last must be at least 1; got {last}")
-    path = history_path() if path is None else Path(path)
-    query = ("SELECT c.suite, c.nodeid, c.backend, c.variant, c.outcome, c.metrics, r.run_id, r.mode, r.commit_sha "
-             "FROM cases c JOIN runs r ON r.run_id = c.run_id WHERE r.leg = ? AND r.gpu IS ? AND r.complete = 1 "
-             "AND r.run_id NOT LIKE ? AND r.run_id NOT LIKE ? ORDER BY r.started DESC, r.run_id DESC, c.rowid")
-    with closing(_connect_read_only(path, timeout_s)) as db:
-        try:
-            rows = db.execute(query, (leg, gpu, CONFIRM_RUN, AB_RUN)).fetchall()
-        except sqlite3.Error as exc:
-            raise HistoryError(_explain(path, exc)) from exc
+    location = _location(path)
+    with reader(location, timeout_s) as connection:
+        rows = connection.execute(
+            sa.select(CASES.c.suite, CASES.c.nodeid, CASES.c.backend, CASES.c.variant, CASES.c.outcome,
+                      CASES.c.metrics, RUNS.c.run_id, RUNS.c.mode, RUNS.c.commit_sha)
+            .join_from(CASES, RUNS, CASES.c.run_id == RUNS.c.run_id)
+            .where(RUNS.c.leg == leg, RUNS.c.gpu.is_not_distinct_from(gpu), RUNS.c.complete == 1, _trend_runs())
+            .order_by(*_newest_first(), CASES.c.rowid)).all()
     excluded = set(exclude)
-    rows = [row for row in rows if row[6] not in excluded]
+    rows = [tuple(row) for row in rows if row[6] not in excluded]
     per_case: dict[str, dict[str, tuple]] = {}  # key -> run id -> its (first) row, newest run first
     for row in rows:
         key = "::".join((*_case_identity(row[0], row[1]), row[2] or "-", row[3] or "-"))
@@ -365,32 +350,31 @@ def rolling_baseline(leg: str, gpu: str | None, *, last: int = 5, path: Path | N
     return {
         "format": BASELINE_FORMAT, "version": 1, "created": utc_now(),
         "source": {"legs": [leg], "environments": [env], "commits": commits, "hosts": [], "runs": used,
-                   "rolling": last, "history": str(path)},
+                   "rolling": last, "history": shown(location)},
         "cases": {key: _rolling_entry(list(runs_of_case.values()), leg, env)
                   for key, runs_of_case in sorted(per_case.items())},
     }
 
 
-def _gpu_models(leg: str, path: Path, timeout_s: float = BUSY_TIMEOUT_S) -> list[str]:
+def _gpu_models(leg: str, location: Location, timeout_s: float = BUSY_TIMEOUT_S) -> list[str]:
     """The GPU models of ``leg``'s complete runs that a rolling baseline may take (re-runs and A/B
     rounds left out), read only."""
-    query = ("SELECT DISTINCT gpu FROM runs WHERE leg = ? AND complete = 1 AND gpu IS NOT NULL "
-             "AND run_id NOT LIKE ? AND run_id NOT LIKE ? ORDER BY gpu")
-    with closing(_connect_read_only(path, timeout_s)) as db:
-        try:
-            return [row[0] for row in db.execute(query, (leg, CONFIRM_RUN, AB_RUN))]
-        except sqlite3.Error as exc:
-            raise HistoryError(_explain(path, exc)) from exc
+    with reader(location, timeout_s) as connection:
+        return list(connection.execute(
+            sa.select(RUNS.c.gpu).distinct()
+            .where(RUNS.c.leg == leg, RUNS.c.complete == 1, RUNS.c.gpu.is_not(None), _trend_runs())
+            .order_by(RUNS.c.gpu)).scalars())
 
 
 def write_rolling_baseline(output: str | os.PathLike, leg: str, gpu: str | None = None, *, last: int = 5,
-                           path: Path | None = None, threshold_pct: float = BASELINE_THRESHOLD_PCT) -> dict:
+                           path: str | os.PathLike | None = None,
+                           threshold_pct: float = BASELINE_THRESHOLD_PCT) -> dict:
     """Write :func:`rolling_baseline` of ``leg`` on ``gpu`` (default: the only GPU model the leg ran
     on) as a baseline file, so that the spread of the runs it was made from, across machines or
     visits when they were, is the noise a later run is judged by; ValueError when no or several
     GPU models qualify or no run does."""
     if gpu is None:
-        models = _gpu_models(leg, history_path() if path is None else Path(path))
+        models = _gpu_models(leg, _location(path))
         if len(models) != 1:
             raise ValueError(f"--gpu is needed: leg {leg} ran on {models or 'no GPU'} in the history")
         gpu = models[0]
@@ -402,39 +386,38 @@ def write_rolling_baseline(output: str | os.PathLike, leg: str, gpu: str | None 
     return data
 
 
-def prune(keep: int, path: Path | None = None) -> int:
+def prune(keep: int, path: str | os.PathLike | None = None) -> int:
     """Keep the newest ``keep`` runs of each (leg, GPU), and apart from them its newest ``keep`` A/B
-    rounds (a push's ten rounds must not crowd out the runs trends are drawn from); returns how
-    many runs were removed."""
+    rounds (a push's ten rounds must not crowd out the runs trends are drawn from), in one
+    transaction (a removed run's cases go with it); returns how many runs were removed."""
     if keep < 0:
         raise ValueError(f"keep must be non-negative; got {keep}")
-    path = history_path() if path is None else Path(path)
-    with closing(_connect(path)) as db:
-        try:
-            db.execute("BEGIN IMMEDIATE")
-            doomed = [row[0] for row in db.execute(
-                "SELECT run_id FROM (SELECT run_id, ROW_NUMBER() OVER (PARTITION BY leg, gpu, run_id LIKE ? "
-                "ORDER BY started DESC, run_id DESC) AS n FROM runs) WHERE n > ?", (AB_RUN, keep))]
-            db.executemany("DELETE FROM runs WHERE run_id = ?", [(r,) for r in doomed])
-            db.execute("COMMIT")
-        except sqlite3.Error as exc:
-            if db.in_transaction:
-                db.execute("ROLLBACK")
-            raise HistoryError(_explain(path, exc)) from exc
-    return len(doomed)
+    location = _location(path)
+    with writer(location) as engine:
+        def attempt(_number: int) -> int:
+            numbered = sa.select(RUNS.c.run_id, sa.func.row_number().over(
+                partition_by=(RUNS.c.leg, RUNS.c.gpu, RUNS.c.run_id.like(AB_RUN)),
+                order_by=_newest_first()).label("n")).subquery()
+            with engine.connect() as connection:
+                removed = connection.execute(RUNS.delete().where(RUNS.c.run_id.in_(
+                    sa.select(numbered.c.run_id).where(numbered.c.n > keep)))).rowcount
+                connection.commit()
+            return removed
+
+        return retrying(location, attempt)
 
 
-def export(fmt: str, out, path: Path | None = None) -> int:
+def export(fmt: str, out, path: str | os.PathLike | None = None) -> int:
     """Every case as CSV (metrics as one JSON column) or JSON (a list) to the text stream ``out``."""
     rows = cases(path)
     if fmt == "json":
         json.dump(rows, out, indent=1, default=str)
         out.write("\n")
     elif fmt == "csv":
-        writer = csv.DictWriter(out, fieldnames=CASE_COLUMNS)
-        writer.writeheader()
+        table = csv.DictWriter(out, fieldnames=CASE_COLUMNS)
+        table.writeheader()
         for row in rows:
-            writer.writerow({**row, "metrics": json.dumps(row["metrics"], sort_keys=True)})
+            table.writerow({**row, "metrics": json.dumps(row["metrics"], sort_keys=True)})
     else:
         raise ValueError(f"format must be 'csv' or 'json'; got {fmt!r}")
     return len(rows)
@@ -443,7 +426,8 @@ def export(fmt: str, out, path: Path | None = None) -> int:
 def main(argv: Sequence[str] | None = None) -> int:
     description = " ".join(__doc__.split("\n\n")[0].split())  # the first paragraph, whole
     parser = argparse.ArgumentParser(prog="python -m harness.history", description=description)
-    parser.add_argument("--db", help="the database (default $KVH_HISTORY or ~/.cache/kvbits/history.sqlite)")
+    parser.add_argument("--db", help="the database: a SQLite file or postgresql://user:password@host/db "
+                                     f"(default $KVH_HISTORY or {DEFAULT_PATH})")
     sub = parser.add_subparsers(dest="command", required=True)
     sub.add_parser("add", help="append run directories").add_argument("runs", nargs="+")
     sub.add_parser("list", help="list the runs")
@@ -458,15 +442,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     base.add_argument("--last", type=int, default=5, help="the newest complete runs to take (default %(default)s)")
     base.add_argument("-o", "--output", required=True, help="the baseline file to write")
     args = parser.parse_args(argv)
-    path = Path(args.db).expanduser() if args.db else history_path()
+    path = _location(args.db)
     try:
         if args.command == "add":
             added = add_runs(args.runs, path)
-            print(f"{len(added)} run(s) added to {path}")
+            print(f"{len(added)} run(s) added to {shown(path)}")
         elif args.command == "list":
             listed = runs(path)
             if not listed:
-                print(f"no runs in {path}")
+                print(f"no runs in {shown(path)}")
             for run in listed:
                 print(f"{run['started'] or '-':32} {run['run_id']:60} {run['gpu'] or '-':20} "
                       f"{(run['commit'] or '-')[:12]:12} {run['cases']:6d} cases"
@@ -482,7 +466,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             data = write_rolling_baseline(args.output, args.leg, args.gpu, last=args.last, path=path)
             print(f"{len(data['cases'])} case(s) of {len(data['source']['runs'])} run(s) written to {args.output}")
         else:
-            print(f"{prune(args.keep, path)} run(s) removed from {path}")
+            print(f"{prune(args.keep, path)} run(s) removed from {shown(path)}")
     except (HistoryError, ValueError) as exc:
         print(exc, file=sys.stderr)
         return 2

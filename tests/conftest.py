@@ -20,6 +20,28 @@ def private_history(tmp_path, monkeypatch) -> Path:
     return path
 
 
+@pytest.fixture(scope="session")
+def postgres():
+    """A PostgreSQL server of this test session's own (tests/postgres_server.py)."""
+    from postgres_server import NO_SERVER, PostgresServer, server_binaries
+
+    binaries = server_binaries()
+    if binaries is None:
+        pytest.skip(NO_SERVER)
+    server = PostgresServer(binaries).start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def history_db(request, tmp_path) -> Path | str:
+    """A new, empty run history: a SQLite file, then a database on this session's PostgreSQL server
+    (its URL): every test that takes it runs against both."""
+    if request.param == "sqlite":
+        return tmp_path / "h.sqlite"
+    return request.getfixturevalue("postgres").new_database()
+
+
 @pytest.fixture
 def legs(tmp_path) -> list[Path]:
     """Three run directories (two GPU legs, one killed interpreter leg); fresh per test."""

@@ -1,18 +1,14 @@
-"""The run history (harness.history): runs in, cases out, concurrent writers, a writer killed
-mid-transaction, a corrupt file, pruning and the command line."""
+"""The run history (harness.history): runs in, cases out, pruning, rolling baselines and the
+command line, each against a SQLite file and a PostgreSQL server (the ``history_db`` fixture); a
+corrupt, missing or locked file. Writers at once, killed writers and a restarted server:
+tests/test_history_faults.py."""
 
 from __future__ import annotations
 
 import io
 import json
-import multiprocessing
-import os
 import shutil
-import signal
 import sqlite3
-import subprocess
-import sys
-import textwrap
 import time
 from pathlib import Path
 
@@ -37,8 +33,8 @@ def _run(tmp: Path, name: str, *, leg: str = "gpu-torch2.11.0-triton3.6.0", ms: 
     return run_dir
 
 
-def test_runs_go_in_once_and_come_out(tmp_path):
-    db = tmp_path / "h.sqlite"
+def test_runs_go_in_once_and_come_out(tmp_path, history_db):
+    db = history_db
     first, second = _run(tmp_path, "r1", ms=1.0, started="2026-12-01T00:00:00"), _run(
         tmp_path, "r2", ms=1.1, started="2026-12-02T00:00:00")
     assert history.add_runs([first, second], db) == [f"gpu-torch2.11.0-triton3.6.0@{n}@2026-12-0{d}T00:00:00"
@@ -65,8 +61,8 @@ def test_runs_go_in_once_and_come_out(tmp_path):
         history.export("xml", io.StringIO(), db)
 
 
-def test_prune_keeps_the_newest_runs_of_each_leg(tmp_path):
-    db = tmp_path / "h.sqlite"
+def test_prune_keeps_the_newest_runs_of_each_leg(tmp_path, history_db):
+    db = history_db
     dirs = [_run(tmp_path, f"a{i}", started=f"2026-12-0{i + 1}T00:00:00") for i in range(4)]
     dirs.append(_run(tmp_path, "b0", leg="gpu-torch2.8.0-triton3.4.0", started="2026-11-01T00:00:00"))
     history.add_runs(dirs, db)
@@ -78,70 +74,15 @@ def test_prune_keeps_the_newest_runs_of_each_leg(tmp_path):
         history.prune(-1, db)
 
 
-def test_prune_keeps_ab_rounds_apart_from_the_runs(tmp_path):
+def test_prune_keeps_ab_rounds_apart_from_the_runs(tmp_path, history_db):
     """Newer A/B rounds do not push the leg's runs out: each kind keeps its own newest."""
-    db = tmp_path / "h.sqlite"
+    db = history_db
     dirs = [_run(tmp_path, f"a{i}", started=f"2026-12-0{i + 1}T00:00:00") for i in range(2)]
     dirs += [_run(tmp_path, f"ab-head-{i}", started=f"2026-12-0{i + 5}T00:00:00") for i in range(3)]
     history.add_runs(dirs, db)
     assert history.prune(2, db) == 1
     kept = {(r["run_id"].split("@")[1]) for r in history.runs(db)}
     assert kept == {"a0", "a1", "ab-head-1", "ab-head-2"}
-
-
-def _writer(db: str, run_dirs: list[str], done) -> None:
-    history.add_runs(run_dirs, Path(db))
-    done.put(len(run_dirs))
-
-
-def test_concurrent_writers_lose_nothing(tmp_path):
-    db = tmp_path / "h.sqlite"
-    groups = [[str(_run(tmp_path, f"p{p}r{i}", cases=20)) for i in range(5)] for p in range(4)]
-    ctx = multiprocessing.get_context("spawn")
-    done = ctx.Queue()
-    procs = [ctx.Process(target=_writer, args=(str(db), g, done)) for g in groups]
-    for p in procs:
-        p.start()
-    for p in procs:
-        p.join(120)
-        assert p.exitcode == 0
-    assert sorted(done.get(timeout=5) for _ in procs) == [5, 5, 5, 5]
-    assert len(history.runs(db)) == 20 and len(history.cases(db)) == 20 * 21
-    with sqlite3.connect(db) as check:
-        assert check.execute("PRAGMA integrity_check").fetchone() == ("ok",)
-
-
-KILLED_WRITER = textwrap.dedent("""
-    import sys, time
-    from pathlib import Path
-    from harness import history
-    db = history._connect(Path(sys.argv[1]))
-    db.execute("BEGIN IMMEDIATE")
-    db.execute("INSERT INTO runs (run_id, leg) VALUES ('half-written', 'leg')")
-    db.executemany("INSERT INTO cases (run_id, nodeid) VALUES ('half-written', ?)", [(str(i),) for i in range(1000)])
-    print("inside", flush=True)
-    time.sleep(60)
-""")
-
-
-def test_a_writer_killed_mid_run_leaves_the_history_as_it_was(tmp_path):
-    db = tmp_path / "h.sqlite"
-    history.add_runs([_run(tmp_path, "before")], db)
-    env = dict(os.environ, PYTHONPATH=str(ROOT))
-    child = subprocess.Popen([sys.executable, "-c", KILLED_WRITER, str(db)], stdout=subprocess.PIPE, text=True,
-                             env=env)
-    try:
-        assert child.stdout.readline().strip() == "inside"
-        os.kill(child.pid, signal.SIGKILL)
-    finally:
-        child.wait(30)
-    assert [r["run_id"].split("@")[1] for r in history.runs(db)] == ["before"]
-    started = time.monotonic()
-    assert history.add_runs([_run(tmp_path, "after")], db)  # the killed writer's lock is gone
-    assert time.monotonic() - started < history.BUSY_TIMEOUT_S
-    with sqlite3.connect(db) as check:
-        assert check.execute("PRAGMA integrity_check").fetchone() == ("ok",)
-        assert check.execute("SELECT COUNT(*) FROM cases WHERE run_id = 'half-written'").fetchone() == (0,)
 
 
 def test_a_corrupt_file_is_said_clearly(tmp_path, capsys):
@@ -164,13 +105,13 @@ def test_listing_a_missing_history_says_so_and_creates_nothing(tmp_path, capsys)
 def test_help_gives_the_whole_first_paragraph(capsys):
     with pytest.raises(SystemExit):
         history.main(["--help"])
-    assert "for rolling baselines and trends over many runs." in " ".join(capsys.readouterr().out.split())
+    assert "one set of statements serve both)." in " ".join(capsys.readouterr().out.split())
 
 
-def test_command_line(tmp_path, capsys, monkeypatch):
-    db = tmp_path / "cli.sqlite"
+def test_command_line(tmp_path, capsys, monkeypatch, history_db):
+    db = history_db
     monkeypatch.setenv("KVH_HISTORY", str(db))
-    assert history.history_path() == db
+    assert history.history_location() == db
     assert history.main(["add", str(_run(tmp_path, "r1")), str(_run(tmp_path, "r2"))]) == 0
     assert "2 run(s) added" in capsys.readouterr().out
     assert history.main(["list"]) == 0
@@ -182,11 +123,11 @@ def test_command_line(tmp_path, capsys, monkeypatch):
     assert "1 run(s) removed" in capsys.readouterr().out
 
 
-def test_the_pipeline_records_its_runs_and_survives_a_broken_history(tmp_path, capsys):
+def test_the_pipeline_records_its_runs_and_survives_a_broken_history(tmp_path, capsys, history_db):
     from harness.run.pipeline import record_history
 
     runs_dirs = [str(_run(tmp_path, "g1")), str(_run(tmp_path, "g2"))]
-    db = tmp_path / "p.sqlite"
+    db = history_db
     assert len(record_history(runs_dirs, db)) == 2
     assert "2 run(s) added" in capsys.readouterr().out
     broken = tmp_path / "broken.sqlite"
@@ -208,10 +149,10 @@ def test_cpu_runs_enter_the_history_when_asked():
     assert kept_in_history("gpu_verify", True, False) and kept_in_history("bench", True, False)
 
 
-def test_a_run_directory_reused_by_the_next_run_is_a_new_run(tmp_path):
+def test_a_run_directory_reused_by_the_next_run_is_a_new_run(tmp_path, history_db):
     """A pipeline writes every run of a kind and leg into the same directory (same run id): each
     run is kept, told apart by its start."""
-    db = tmp_path / "h.sqlite"
+    db = history_db
     for day in (1, 2):
         shutil.rmtree(tmp_path / "gpu_verify-leg", ignore_errors=True)  # as the pipeline clears it
         history.add_runs([_run(tmp_path, "gpu_verify-leg", ms=float(day), started=f"2026-12-0{day}T00:00:00")], db)
@@ -221,17 +162,16 @@ def test_a_run_directory_reused_by_the_next_run_is_a_new_run(tmp_path):
     assert values == [1.0, 2.0]
 
 
-def test_a_manifest_that_is_no_object_is_no_crash(tmp_path):
-    db = tmp_path / "h.sqlite"
+def test_a_manifest_that_is_no_object_is_no_crash(tmp_path, history_db):
+    db = history_db
     run_dir = _run(tmp_path, "odd")
     (run_dir / "manifest.json").write_text("[]")
     assert len(history.add_runs([run_dir], db)) == 1
 
 
-def _series_history(tmp_path) -> Path:
+def _series_history(tmp_path, db: Path | str) -> Path | str:
     """Four benchmark runs of one leg a day apart (ms 1.0 to 1.3), a suites-only run of that leg
     between them and a run of another leg."""
-    db = tmp_path / "series.sqlite"
     dirs = [_run(tmp_path, f"b{day}", ms=1.0 + 0.1 * day, started=f"2026-12-0{day + 1}T00:00:00") for day in range(4)]
     suites_only = write_run(tmp_path / "suites", [rec("decode", "test_x")], leg="gpu-torch2.11.0-triton3.6.0",
                             env=env_for("gpu-torch2.11.0-triton3.6.0", "gpu"))
@@ -242,8 +182,8 @@ def _series_history(tmp_path) -> Path:
     return db
 
 
-def test_case_series_gives_each_case_per_run_oldest_first(tmp_path):
-    db = _series_history(tmp_path)
+def test_case_series_gives_each_case_per_run_oldest_first(tmp_path, history_db):
+    db = _series_history(tmp_path, history_db)
     nodeids = {f"suites/test_bench_decode.py::test_bench[{i}]" for i in range(3)} | {
         "suites/test_bench_decode.py::test_broken"}
     runs, series = history.case_series("ms", leg="gpu-torch2.11.0-triton3.6.0", gpu="NVIDIA H200", last=3,
@@ -267,7 +207,7 @@ def test_case_series_only_reads_and_says_what_is_wrong(tmp_path):
     corrupt.write_bytes(b"this is not a database, " * 100)
     with pytest.raises(history.HistoryError, match="not a readable SQLite database"):
         history.case_series("ms", leg="L", gpu=None, last=5, path=corrupt)
-    db = _series_history(tmp_path)
+    db = _series_history(tmp_path, tmp_path / "series.sqlite")
     with sqlite3.connect(db, isolation_level=None) as holder:
         holder.execute("PRAGMA journal_mode=DELETE")  # a writer that locks readers out
         holder.execute("BEGIN EXCLUSIVE")
@@ -294,10 +234,9 @@ def _bench_run(tmp: Path, name: str, started: str, ms: dict[str, float], *, leg:
 LEG = "gpu-torch2.11.0-triton3.6.0"
 
 
-def _rolling_history(tmp: Path) -> Path:
+def _rolling_history(tmp: Path, db: Path | str) -> Path | str:
     """Six runs of one leg (the oldest far slower), one incomplete run, a confirmation re-run, an
     A/B round, a suites run without the benchmark and a run of another leg."""
-    db = tmp / "h.sqlite"
     days = {1: 5.0, 2: 1.00, 3: 1.10, 4: 0.90, 5: 1.20, 6: 1.05}
     dirs = [_bench_run(tmp, f"gpu_verify-L-bench{d}", f"2026-12-0{d}T00:00:00", {"t": ms, "u": 2 * ms})
             for d, ms in days.items()]
@@ -311,14 +250,14 @@ def _rolling_history(tmp: Path) -> Path:
     return db
 
 
-def test_a_rolling_baseline_is_the_median_of_the_last_runs_with_their_spread(tmp_path):
+def test_a_rolling_baseline_is_the_median_of_the_last_runs_with_their_spread(tmp_path, history_db):
     """The newest four complete runs of the leg that ran the case (the suites run between them, the
     incomplete run, the re-run and the other leg left out): the median of their medians, and how
     those spread across the runs as the noise."""
     from harness.report import compare, load_results
     from harness.report.baseline import case_key
 
-    db = _rolling_history(tmp_path)
+    db = _rolling_history(tmp_path, history_db)
     base = history.rolling_baseline(LEG, "NVIDIA H200", last=4, path=db)
     entry = base["cases"]["suites/bench_x::t::triton::v"]
     # days 3 to 6: 1.10, 0.90, 1.20, 1.05
@@ -340,8 +279,8 @@ def test_a_rolling_baseline_is_the_median_of_the_last_runs_with_their_spread(tmp
     assert not comparison.not_comparable
 
 
-def test_a_rolling_baseline_of_an_unknown_leg_is_empty(tmp_path):
-    db = _rolling_history(tmp_path)
+def test_a_rolling_baseline_of_an_unknown_leg_is_empty(tmp_path, history_db):
+    db = _rolling_history(tmp_path, history_db)
     assert history.rolling_baseline("no-such-leg", "NVIDIA H200", last=3, path=db)["cases"] == {}
     with pytest.raises(ValueError, match="last"):
         history.rolling_baseline(LEG, "NVIDIA H200", last=0, path=db)
@@ -349,8 +288,8 @@ def test_a_rolling_baseline_of_an_unknown_leg_is_empty(tmp_path):
         history.rolling_baseline(LEG, "NVIDIA H200", path=tmp_path / "missing.sqlite")
 
 
-def test_the_worst_outcome_and_errors_of_the_runs_go_into_the_rolling_baseline(tmp_path):
-    db = tmp_path / "h.sqlite"
+def test_the_worst_outcome_and_errors_of_the_runs_go_into_the_rolling_baseline(tmp_path, history_db):
+    db = history_db
     history.add_runs([_bench_run(tmp_path, "r1", "2026-12-01T00:00:00", {"t": 1.0}, max_abs_err=1e-3),
                       _bench_run(tmp_path, "r2", "2026-12-02T00:00:00", {"t": 1.0}, outcome="failed"),
                       _bench_run(tmp_path, "r3", "2026-12-03T00:00:00", {"t": 1.2}, max_abs_err="nan")], db)
@@ -359,7 +298,7 @@ def test_the_worst_outcome_and_errors_of_the_runs_go_into_the_rolling_baseline(t
     assert entry["ms"] == pytest.approx(1.1) and entry["ms_n"] == 2  # the failed run has no timing
 
 
-def test_the_report_compares_with_the_rolling_baseline(tmp_path, capsys, monkeypatch):
+def test_the_report_compares_with_the_rolling_baseline(tmp_path, capsys, monkeypatch, history_db):
     from harness.report.cli import main
 
     now = _bench_run(tmp_path, "now", "2026-12-09T00:00:00", {"t": 1.5, "u": 2.1})
@@ -367,7 +306,7 @@ def test_the_report_compares_with_the_rolling_baseline(tmp_path, capsys, monkeyp
     assert main(["summarize", str(now), "--baseline", "history:4", "--fail-on", "regressions"]) == 0
     captured = capsys.readouterr()
     assert "no such file" in captured.err and "no regression check" in captured.err and "slower" not in captured.out
-    monkeypatch.setenv("KVH_HISTORY", str(_rolling_history(tmp_path)))
+    monkeypatch.setenv("KVH_HISTORY", str(_rolling_history(tmp_path, history_db)))
     assert main(["summarize", str(now), "--baseline", "history:4", "--fail-on", "regressions"]) == 1
     out = capsys.readouterr().out
     assert f"regressions vs history, each case's last 4 runs ({LEG}: 5 runs read)" in out and "1 slower" in out
@@ -377,11 +316,11 @@ def test_the_report_compares_with_the_rolling_baseline(tmp_path, capsys, monkeyp
     assert "history:N with N a positive integer" in capsys.readouterr().err
 
 
-def test_each_leg_is_compared_with_its_own_history(tmp_path):
+def test_each_leg_is_compared_with_its_own_history(tmp_path, history_db):
     from harness.report import load_results
     from harness.report.baseline import compare_rolling
 
-    db = _rolling_history(tmp_path)
+    db = _rolling_history(tmp_path, history_db)
     other = "gpu-torch2.8.0-triton3.4.0"
     now = load_results([_bench_run(tmp_path, "now-a", "2026-12-09T00:00:00", {"t": 1.5}),
                         _bench_run(tmp_path, "now-b", "2026-12-09T00:00:00", {"t": 7.1}, leg=other),
@@ -393,20 +332,20 @@ def test_each_leg_is_compared_with_its_own_history(tmp_path):
     assert f"{other}: 1 runs read" in comparison.source
 
 
-def test_trends_leave_out_confirmation_and_ab_runs(tmp_path):
+def test_trends_leave_out_confirmation_and_ab_runs(tmp_path, history_db):
     """A trend is one commit per run of the leg: re-runs and A/B rounds are not points of it."""
-    db = _rolling_history(tmp_path)
+    db = _rolling_history(tmp_path, history_db)
     runs, series = history.case_series("ms", leg=LEG, gpu="NVIDIA H200", last=20, path=db)
     assert len(runs) >= 6 and not any("confirm" in r["run_id"] or "@ab-" in r["run_id"] for r in runs)
     assert 8.5 not in [v for values in series.values() for v in values]
 
 
-def test_a_run_already_in_the_history_is_not_its_own_baseline(tmp_path, monkeypatch):
+def test_a_run_already_in_the_history_is_not_its_own_baseline(tmp_path, history_db, monkeypatch):
     """Rendering again after the run went into the history compares it with the runs before it."""
     from harness.report import load_results
     from harness.report.baseline import compare_rolling
 
-    db = _rolling_history(tmp_path)
+    db = _rolling_history(tmp_path, history_db)
     now = _bench_run(tmp_path, "now", "2026-12-09T00:00:00", {"t": 1.5, "u": 2.1})
     history.add_runs([now], db)
     comparison = compare_rolling(load_results([now]), 1, db)
@@ -435,13 +374,13 @@ def test_the_history_finds_a_five_percent_slowdown_that_a_baseline_file_lets_pas
     assert not compare_rolling(now, 4, tight, threshold_pct=10.0).regressions
 
 
-def test_a_baseline_file_written_from_the_history_keeps_the_runs_spread(tmp_path):
+def test_a_baseline_file_written_from_the_history_keeps_the_runs_spread(tmp_path, history_db):
     """`history baseline` writes the rolling baseline as a file compare() reads: runs from several
     visits make their offsets the noise, so a later visit's offset is within it."""
     from harness.report import compare, load_results
     from harness.report.baseline import read_baseline
 
-    db = tmp_path / "visits.sqlite"
+    db = history_db
     visits = (1.00, 1.09, 0.98, 1.11)  # one case on four visits of the same GPU model
     history.add_runs([_bench_run(tmp_path, f"gpu_verify-L-bench{i}", f"2026-12-0{i + 1}T00:00:00", {"t": ms})
                       for i, ms in enumerate(visits)], db)
@@ -475,3 +414,36 @@ def test_against_a_history_that_agrees_the_threshold_decides(tmp_path):
     missing = tmp_path / "nowhere" / "h.sqlite"
     assert history.main(["--db", str(missing), "baseline", "--leg", LEG, "-o", str(tmp_path / "b.json")]) == 2
     assert not missing.exists()
+
+
+OLD_SCHEMA = """
+CREATE TABLE runs (
+    run_id TEXT PRIMARY KEY, leg TEXT, mode TEXT, gpu TEXT, commit_sha TEXT, torch TEXT, triton TEXT,
+    started TEXT, finished TEXT, complete INTEGER
+);
+CREATE TABLE cases (
+    run_id TEXT NOT NULL REFERENCES runs(run_id) ON DELETE CASCADE, suite TEXT, nodeid TEXT, variant TEXT,
+    backend TEXT, device TEXT, outcome TEXT, duration_s REAL, metrics TEXT
+);
+CREATE INDEX cases_by_case ON cases (nodeid, variant);
+"""
+
+
+def test_a_history_file_of_the_first_schema_is_read_and_written_as_before(tmp_path):
+    """A SQLite history whose cases table has no declared row id (the harness's first schema) is
+    read, added to and pruned as before: its rows keep SQLite's own row id."""
+    db = tmp_path / "old.sqlite"
+    with sqlite3.connect(db) as old:
+        old.executescript(OLD_SCHEMA)
+        old.execute("INSERT INTO runs VALUES ('old@r0@2026-11-30T00:00:00', ?, 'gpu', 'NVIDIA H200', 'c0', "
+                    "'2.11.0', '3.6.0', '2026-11-30T00:00:00', NULL, 1)", (LEG,))
+        old.executemany("INSERT INTO cases VALUES ('old@r0@2026-11-30T00:00:00', 'bench_x', ?, 'v', 'triton', "
+                        "'cuda', 'passed', 0.1, ?)", [(f"suites/test_bench_x.py::{case}", json.dumps({"ms": ms}))
+                                                      for case, ms in (("t", 1.0), ("u", 2.0))])
+    history.add_runs([_bench_run(tmp_path, f"r{day}", f"2026-12-0{day}T00:00:00", {"t": 1.1, "u": 2.2})
+                      for day in (1, 2)], db)
+    assert [run["cases"] for run in history.runs(db)] == [2, 2, 2]
+    runs, series = history.case_series("ms", leg=LEG, gpu="NVIDIA H200", last=5, path=db)
+    assert len(runs) == 3 and series[("suites/test_bench_x.py::t", "v")] == [1.0, 1.1, 1.1]
+    assert history.rolling_baseline(LEG, "NVIDIA H200", path=db)["cases"]["suites/bench_x::t::triton::v"]["runs_n"] == 3
+    assert history.prune(1, db) == 2 and len(history.cases(db)) == 2

@@ -393,11 +393,12 @@ def test_the_container_runs_the_ab_session_inside(tmp_path, monkeypatch):
     assert list(session.runs()[1][-6:]) == ["nox", "--no-venv", "-s", "ab", "--", "HEAD~1"]
 
 
-def test_report_session_installs_only_the_report_extra(tmp_path):
+def test_report_session_installs_only_the_report_and_history_extras(tmp_path):
+    """The report's trend charts and per-GPU baselines read the run history."""
     noxfile = load_noxfile()
     session = FakeSession(tmp_path, posargs=["reports/runs/tests-a"])
     noxfile.report(session)
-    assert session.installs() == [["jinja2>=3.1", "matplotlib>=3.8"]]
+    assert session.installs() == [["jinja2>=3.1", "matplotlib>=3.8", "sqlalchemy>=2.0", "psycopg[binary]>=3.1"]]
     assert session.runs() == [("python", "-m", "harness.run.pipeline", "report", "reports/runs/tests-a")]
 
 

@@ -271,6 +271,8 @@ class Comparison:
     noise_k: float = NOISE_K
     noise_floor_pct: float = NOISE_FLOOR_PCT
     reruns: list[str] = field(default_factory=list)  # labels of the confirmation re-runs weighed
+    # per GPU model the baseline file was not measured on: what its history in the run history had to say
+    history_notes: list[str] = field(default_factory=list)
 
     def kinds(self) -> Counter:
         return Counter(f.kind for f in self.regressions)
@@ -637,3 +639,70 @@ def compare_rolling(results: ResultSet, last: int, history_path, **options) -> C
         return compare(results, {"cases": {}}, source=source, **options)
     others = [run.label for run in results.runs if run.records and not (run.mode == "gpu" and run.gpu)]
     return merge_comparisons(parts, source=source, not_comparable=others)
+
+
+# A GPU model the committed baseline file was not measured on is compared with its own runs in the
+# run history once each case has this many there: the spread of fewer per-run medians says little
+# about the noise, and one run judged against one earlier run is a coin toss.
+HISTORY_RUNS_NEEDED = 3
+
+
+def _take_from_history(comparison: Comparison, part: Comparison, file_cases: dict) -> None:
+    """Add to a comparison against a baseline file what ``part`` (runs the file could not time,
+    against their history) found: its timing and error findings, and the new failures of cases
+    the file does not judge already (it compares outcomes in every environment)."""
+    for name in ("regressions", "improvements", "references", "unconfirmed", "within_noise", "host_bound",
+                 "cpu_baselines", "reruns"):
+        found = getattr(part, name)
+        if name == "regressions":
+            found = [f for f in found if not (f.kind == "new failure" and f.key in file_cases)]
+        getattr(comparison, name).extend(found)
+    comparison.environments = sorted({*comparison.environments, *part.environments})
+
+
+def compare_beside_history(results: ResultSet, baseline: dict, history_path, *, source: str = "baseline",
+                           last: int = DEFAULT_ROLLING_RUNS, needed: int = HISTORY_RUNS_NEEDED,
+                           **options) -> Comparison:
+    """``results`` against a committed baseline file, as :func:`compare`; and each GPU leg on a GPU
+    model the file was not measured on against that model's rolling baseline in the run history
+    (each case's last ``last`` complete runs of the leg on that model), with the history's threshold
+    and noise floor unless ``options`` say otherwise, once the history holds ``needed`` runs of a
+    case: the file stays the yardstick of the models it has. ``history_notes`` says, per such model,
+    how many runs the history holds and how many it needs; a history that cannot be read is said
+    there, and those runs' timings stay uncompared."""
+    from .. import history
+
+    comparison = compare(results, baseline, source=source, **options)
+    file_cases = baseline.get("cases", {})
+    measured = {entry.get("env") for entry in file_cases.values()}
+    elsewhere: dict[tuple[str, str], list[Run]] = {}
+    for run in results.runs:
+        if run.records and run.mode == "gpu" and run.gpu and run.environment_key not in measured:
+            elsewhere.setdefault((run.leg, run.gpu), []).append(run)
+    rolling = {"threshold_pct": ROLLING_THRESHOLD_PCT, "noise_floor_pct": ROLLING_NOISE_FLOOR_PCT, **options}
+    for (leg, gpu), runs in elsewhere.items():
+        what = f"{gpu} ({leg}) has no committed baseline"
+        mine = {history.run_key(manifest, Path(part)) for run in runs for part, manifest in run.parts}
+        try:
+            base = history.rolling_baseline(leg, gpu, last=last, path=history_path, exclude=mine)
+        except history.HistoryMissing:
+            base = {"cases": {}}
+        except history.HistoryError as exc:
+            comparison.history_notes.append(f"{what}, and the run history cannot be read ({exc}): timings not compared")
+            continue
+        held = max((entry.get("runs_n", 0) for entry in base["cases"].values()), default=0)
+        what += f"; the run history holds {held} run(s) of it, {needed} needed"
+        if held < needed:
+            comparison.history_notes.append(f"{what}: timings not compared")
+            continue
+        base["cases"] = {key: entry for key, entry in base["cases"].items() if entry.get("runs_n", 0) >= needed}
+        subset = ResultSet(runs, confirmations=[r for r in results.confirmations
+                                                if r.leg == leg and r.environment_key == runs[0].environment_key])
+        part = compare(subset, base, source=f"history of {leg} on {gpu}", **rolling)
+        _take_from_history(comparison, part, file_cases)
+        compared = {run.label for run in runs}
+        comparison.not_comparable = [label for label in comparison.not_comparable if label not in compared]
+        comparison.history_notes.append(f"{what}: timings compared with each case's last {last} runs there "
+                                        f"(threshold {part.threshold_pct:g}%)")
+    _sort(comparison)
+    return comparison

@@ -508,7 +508,7 @@ def _current_values(run: Run) -> dict[tuple[str, str | None], dict]:
     return found
 
 
-def _leg_trends(run: Run, path: Path, last: int) -> tuple[list[Chart], str]:
+def _leg_trends(run: Run, path: history.Location, last: int) -> tuple[list[Chart], str]:
     """The charts of one leg, or why it has none."""
     current = _current_values(run)
     if not current:
@@ -546,20 +546,21 @@ def trend_charts(summary: Summary, path: str | os.PathLike | None, *, last: int 
     last = TREND_RUNS if last is None else last
     if path is None:
         return Trends(note="no run history given (python -m harness report --history PATH)")
-    path = Path(path)
-    if not path.is_file():
-        return Trends(note=f"no run history at {path}")
+    path = history.as_location(path)
+    where = history.shown(path)
     charts, short = [], []
     for run in summary.runs:
         try:
             drawn, why = _leg_trends(run, path, last)
+        except history.HistoryMissing:
+            return Trends(note=f"no run history at {where}")
         except history.HistoryError as exc:
             return Trends(note=str(exc))
         charts += drawn
         short += [why] if why else []
     if not charts:
         reason = "; ".join(short) if short else "no benchmark case in this report"
-        return Trends(note=f"fewer than 2 runs to draw ({reason}; history {path})" if short else reason)
-    note = (f"{TREND_METRIC} of each benchmark case over the last runs of its leg and GPU in {path}; {CHANGE_RULE}"
+        return Trends(note=f"fewer than 2 runs to draw ({reason}; history {where})" if short else reason)
+    note = (f"{TREND_METRIC} of each benchmark case over the last runs of its leg and GPU in {where}; {CHANGE_RULE}"
             + (f". Not drawn: {'; '.join(short)}" if short else ""))
     return Trends(charts, note)

@@ -12,8 +12,9 @@ from .ab import ab_for_report
 from .baseline import (
     DEFAULT_ERROR_FACTOR,
     DEFAULT_THRESHOLD_PCT,
+    HISTORY_RUNS_NEEDED,
     ROLLING_THRESHOLD_PCT,
-    compare,
+    compare_beside_history,
     compare_rolling,
     read_baseline,
     rolling_runs,
@@ -29,8 +30,10 @@ def _common(parser: argparse.ArgumentParser) -> None:
                         help="run directories (records.jsonl + manifest.json), records files, "
                              "or folders holding several run directories")
     parser.add_argument("--baseline", metavar="PATH",
-                        help="baseline JSON to compare against (reports/baselines/...), or history[:N]: "
-                             "each GPU leg against its last N (default 5) complete runs in the run history")
+                        help="baseline JSON to compare against (reports/baselines/...; a GPU model it was not "
+                             "measured on against its own last runs in the run history, once that holds "
+                             f"{HISTORY_RUNS_NEEDED} of each case), or history[:N]: each GPU leg against its last N "
+                             "(default 5) complete runs in the run history")
     parser.add_argument("--threshold", type=float, default=None, metavar="PCT",
                         help=f"flag slowdowns over this many percent (default {DEFAULT_THRESHOLD_PCT:g} against a "
                              f"baseline file, {ROLLING_THRESHOLD_PCT:g} against the history)")
@@ -58,8 +61,10 @@ def build_parser() -> argparse.ArgumentParser:
     report.add_argument("--title", default="kv harness report", help="page title")
     report.add_argument("--steps", metavar="JSON",
                         help="a pipeline's steps file (<kind>-steps.json): its steps and wall time go in the report")
-    report.add_argument("--history", default=str(history.history_path()), metavar="SQLITE",
-                        help="the run history the trend charts read (default $KVH_HISTORY or %(default)s); "
+    report.add_argument("--history", default=None, metavar="FILE|URL",
+                        help="the run history the trend charts (and the GPU models without a baseline file) read, "
+                             "a SQLite file or a PostgreSQL URL (default "
+                             f"$KVH_HISTORY or {history.DEFAULT_PATH}); "
                              "missing, locked or unreadable: the report says so and has no trend chart")
     report.add_argument("--no-history", action="store_true", help="draw no trend chart")
     report.add_argument("--ab", metavar="JSON", help="a same-job A/B's ab.json for the A/B section "
@@ -97,22 +102,25 @@ def _exit_code(summary, fail_on: str) -> int:
 
 
 def _comparison(parser: argparse.ArgumentParser, args, results):
-    """The results against ``--baseline``: a baseline file, or the rolling baseline of the run
-    history (``history[:N]``, the database of ``--history`` or $KVH_HISTORY)."""
+    """The results against ``--baseline``: a baseline file (and, for GPU models it was not measured
+    on, their runs in the run history), or the rolling baseline of the run history
+    (``history[:N]``); the history is that of ``--history`` or $KVH_HISTORY."""
     options = {"error_factor": args.error_factor}
+    where = getattr(args, "history", None) or history.history_location()
     if args.threshold is not None:
         options["threshold_pct"] = args.threshold
     try:
         last = rolling_runs(args.baseline)
         if last is not None:
-            return compare_rolling(results, last, getattr(args, "history", None) or history.history_path(), **options)
+            return compare_rolling(results, last, where, **options)
         baseline = read_baseline(args.baseline)
     except history.HistoryError as exc:  # a run's report never depends on the history: said, then none
         print(f"harness report: no rolling baseline, so no regression check: {exc}", file=sys.stderr)
         return None
     except ValueError as exc:
         parser.error(str(exc))
-    return compare(results, baseline, source=Path(args.baseline).name, **options)
+    # GPU models the file was not measured on: against their own runs in the history, where it has enough
+    return compare_beside_history(results, baseline, where, source=Path(args.baseline).name, **options)
 
 
 def _suspects(comparison) -> list[str]:
@@ -150,8 +158,9 @@ def main(argv: list[str] | None = None) -> int:
     junit = None if args.no_junit else Path(args.junit) if args.junit else output.with_name(output.stem + ".junit.xml")
     markdown_path = Path(args.summary_md) if args.summary_md else output.with_name(output.stem + ".md")
     links = {"JUnit XML": junit.name} if junit is not None and junit.parent == output.parent else {}
-    write_html(output, render_html(summary, title=args.title, links=links,
-                                   history=None if args.no_history else args.history, trend_runs=args.trend_runs))
+    trends_from = None if args.no_history else args.history or history.history_location()
+    write_html(output, render_html(summary, title=args.title, links=links, history=trends_from,
+                                   trend_runs=args.trend_runs))
     if junit is not None:
         write_junit(junit, results)
     markdown_path.parent.mkdir(parents=True, exist_ok=True)

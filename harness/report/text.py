@@ -152,6 +152,8 @@ def text_summary(summary: Summary, *, report_path=None, junit_path=None, markdow
         if comparison.not_comparable:
             out.append(clean_text("    timings not compared (other mode or GPU than the baseline): "
                                   + ", ".join(comparison.not_comparable), width))
+        for note in comparison.history_notes:  # long: a leg, a GPU model and counts
+            out += textwrap.wrap(clean_text(note, None), width, initial_indent="    ", subsequent_indent="      ")
     goals = goals_of(summary.results)
     if goals:
         missed = [g for g in goals if not g.met]
@@ -235,6 +237,8 @@ def markdown_summary(summary: Summary, *, report_name: str | None = None, in_ci:
         if comparison.references:
             out += ["", f"Reference measurements (baselines such as torch.compile) that moved, not "
                         f"counted as regressions: {len(comparison.references)}"]
+        for note in comparison.history_notes:
+            out += ["", md_escape(note, 400)]
     goals = goals_of(summary.results)
     if goals:
         out += ["", f"**Performance {goals_line(goals)}**"]

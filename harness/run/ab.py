@@ -167,7 +167,7 @@ class Setup:
     device: str | None = None
     gpu: str | None = None
     leg: str = ""
-    history: Path | None = None  # the run history to append the runs to; None: not kept
+    history: Path | str | None = None  # the run history (a file or a URL) to append the runs to; None: not kept
     summary: Path | None = None  # the Markdown file the table is appended to (default: <reports>/ab-summary.md)
 
 
@@ -324,7 +324,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if device is not None and not args.no_history:
         from .. import history as run_history
 
-        history = run_history.history_path()
+        history = run_history.history_location()
     _say(f"head {repo} against base {base_ref}, {args.rounds} round(s) on "
          f"{'GPU ' + device + (f' ({gpu})' if gpu else '') if device is not None else 'CPU'}; leg {leg}")
     try:

@@ -23,7 +23,7 @@ from pathlib import Path
 from ..measure import HARNESS_KERNEL_MODULES
 from .legs import GPU_LEGS, INTERPRETER_LEGS, GpuLeg
 
-PROJECT_EXTRAS = "test,report,transformers,quality"
+PROJECT_EXTRAS = "test,report,history,transformers,quality"
 DOCKERFILE = "docker/Dockerfile"
 CONTAINER_ROOT = "/workspace"
 CONTAINER_CACHE = "/cache"

@@ -152,19 +152,19 @@ def kept_in_history(kind: str, gpu: bool, asked: bool) -> bool:
     return asked or (gpu and kind in HISTORY_KINDS)
 
 
-def record_history(run_dirs: Sequence[str], path: Path | None = None) -> list[str]:
+def record_history(run_dirs: Sequence[str], path: Path | str | None = None) -> list[str]:
     """Append a run's directories to the run history and say so (a confirmation re-run is no run
     of its own there); a history that cannot be used is said, never fatal (the run's report
     stands on its own)."""
     from .. import history
 
-    target = history.history_path() if path is None else path
+    target = history.history_location() if path is None else history.as_location(path)
     try:
         added = history.add_runs([d for d in run_dirs if not d.endswith(CONFIRM_SUFFIX)], target)
     except history.HistoryError as exc:
         _say(f"history: {exc}; this run is not in it")
         return []
-    _say(f"history: {len(added)} run(s) added to {target}")
+    _say(f"history: {len(added)} run(s) added to {history.shown(target)}")
     return added
 
 
