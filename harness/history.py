@@ -107,7 +107,8 @@ def _run_row(run_dir: Path) -> dict:
 def _case_rows(run_id: str, run_dir: Path) -> list[dict]:
     rows = []
     for r in read_records(run_dir / RECORDS_FILE).records:
-        duration = r.duration_s if isinstance(r.duration_s, (int, float)) and not isinstance(r.duration_s, bool) else None
+        timed = isinstance(r.duration_s, (int, float)) and not isinstance(r.duration_s, bool)
+        duration = r.duration_s if timed else None
         rows.append({"run_id": run_id, "suite": _text(r.suite), "nodeid": _text(r.nodeid), "variant": _text(r.variant),
                      "backend": _text(r.backend), "device": _text(r.device), "outcome": _text(r.outcome),
                      "duration_s": duration, "metrics": _text(json.dumps(r.metrics, sort_keys=True, default=str))})

@@ -86,7 +86,8 @@ def test_install_commands():
     # the quality model's declared llm and llama-cpp-python (a source build) are not needed either
     models = [*model, commands.QUALITY_MODEL]
     assert commands.install_commands("2.13.0", "3.4.0") == [
-        ["torch==2.13.0"], ["triton==3.4.0", "-e", ".[test,report,history,transformers,quality]", commands.TRANSFORMERS],
+        ["torch==2.13.0"],
+        ["triton==3.4.0", "-e", ".[test,report,history,transformers,quality]", commands.TRANSFORMERS],
         models]
     assert commands.install_commands("2.11.0", "3.6.0", index_url="https://x/cu130") == [
         ["--index-url", "https://x/cu130", "torch==2.11.0"],
