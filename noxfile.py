@@ -281,6 +281,10 @@ def compile_matrix(session: nox.Session) -> None:
         session.error(f"compile_matrix failed: {'; '.join(failed)}")
 
 
+# Sessions that need a GPU in the container: buildah (chroot isolation) passes none.
+GPU_ONLY_SESSIONS = ("gpu_verify", "sanitize")
+
+
 def _container_cache() -> Path:
     """The host directory mounted at the container's /cache, made by this user so that the
     container's user can write it."""
@@ -295,16 +299,27 @@ def container(session: nox.Session, torch: str, triton: str) -> None:
     """Build docker/Dockerfile for a GPU leg, run a session in it (default gpu_verify) with --gpus all."""
     leg = gpu_leg(torch, triton)
     inner, *args = list(session.posargs) or ["gpu_verify"]
-    if shutil.which("docker") is None:
-        session.error("docker is not installed: the container session needs Docker and the NVIDIA container toolkit "
-                      "(podman with CDI: see the README; on a CPU machine: nox -s container_cpu)")
-    cache = _container_cache()
+    engine = _container_engine()
+    if engine is None:
+        session.error("no container builder here: the GPU sessions need Docker with the NVIDIA container toolkit "
+                      "(or podman with CDI: see the README); buildah builds the image and runs a CPU session in it")
+    if engine == commands.BUILDAH and inner in GPU_ONLY_SESSIONS:
+        session.error(f"{inner} needs the GPUs, which buildah's chroot isolation does not pass (no usable docker "
+                      f"here): Docker with the NVIDIA container toolkit, or podman with CDI (README); a CPU "
+                      f"session runs in this image: -- verify")
     (ROOT / commands.REPORTS_DIR).mkdir(exist_ok=True)
-    session.run(*commands.docker_build_command(leg, context=str(ROOT), dockerfile=str(ROOT / commands.DOCKERFILE)),
-                external=True)
-    session.run(*commands.docker_run_command(leg, repo=str(ROOT), cache=str(cache), uid=os.getuid(),
-                                             gid=os.getgid(), session=inner, args=args, environ=os.environ),
-                external=True)
+    if engine == commands.DOCKER:  # every GPU (--gpus all), as the calling user
+        session.run(*commands.docker_build_command(leg, context=str(ROOT),
+                                                   dockerfile=str(ROOT / commands.DOCKERFILE)), external=True)
+        session.run(*commands.docker_run_command(leg, repo=str(ROOT), cache=str(_container_cache()), uid=os.getuid(),
+                                                 gid=os.getgid(), session=inner, args=args, environ=os.environ),
+                    external=True)
+        return
+    with _stopwatch(session, "image build"):
+        session.run(*commands.build_command(engine, commands.gpu_image(leg), context=str(ROOT),
+                                            dockerfile=str(ROOT / commands.DOCKERFILE)), external=True)
+    with _stopwatch(session, f"{inner} in the container"):
+        _run_in_image(session, engine, leg.image, commands.inner_nox_command(leg, inner, args))
 
 
 def _docker_usable() -> bool:

@@ -327,7 +327,7 @@ def test_ab_session_installs_the_default_stack_and_passes_base_and_selection(tmp
 
 def test_the_container_runs_the_ab_session_inside(tmp_path, monkeypatch):
     noxfile = load_noxfile()
-    monkeypatch.setattr(noxfile.shutil, "which", lambda name: "/usr/bin/docker")
+    monkeypatch.setattr(noxfile, "_container_engine", lambda: "docker")
     monkeypatch.setenv("KVH_CONTAINER_CACHE", str(tmp_path / "cache"))
     leg = legs.GPU_LEGS[0]
     session = FakeSession(tmp_path, posargs=["ab", "HEAD~1"])
@@ -384,7 +384,7 @@ def test_compile_matrix_without_nvcc_says_so_and_reports_aot_failures(tmp_path, 
 
 def test_container_builds_the_leg_and_runs_a_session_inside(tmp_path, monkeypatch):
     noxfile = load_noxfile()
-    monkeypatch.setattr(noxfile.shutil, "which", lambda name: "/usr/bin/docker")
+    monkeypatch.setattr(noxfile, "_container_engine", lambda: "docker")
     monkeypatch.setenv("KVH_CONTAINER_CACHE", str(tmp_path / "cache"))
     monkeypatch.setenv("CI", "true")
     leg = legs.GPU_LEGS[1]
@@ -401,6 +401,29 @@ def test_container_builds_the_leg_and_runs_a_session_inside(tmp_path, monkeypatc
     plain = FakeSession(tmp_path)
     noxfile.container(plain, torch=leg.torch, triton=leg.triton)
     assert list(plain.runs()[1][-2:]) == ["-s", leg.session]
+
+
+def test_container_without_docker_builds_the_leg_with_buildah_and_runs_only_cpu_sessions(tmp_path, monkeypatch):
+    noxfile = load_noxfile()
+    monkeypatch.setattr(noxfile, "_container_engine", lambda: "buildah")
+    monkeypatch.setattr(noxfile, "ROOT", tmp_path)
+    monkeypatch.setenv("KVH_CONTAINER_CACHE", str(tmp_path / "cache"))
+    leg = legs.GPU_LEGS[1]
+    for refused in ([], ["gpu_verify"], ["sanitize"]):
+        with pytest.raises(Stop, match="needs the GPUs, which buildah's chroot isolation does not pass"):
+            noxfile.container(FakeSession(tmp_path, posargs=refused), torch=leg.torch, triton=leg.triton)
+    session = FakeSession(tmp_path, posargs=["verify", "-x"])
+    noxfile.container(session, torch=leg.torch, triton=leg.triton)
+    build, start, run, remove = session.runs()
+    assert list(build) == commands.build_command("buildah", commands.gpu_image(leg), context=str(tmp_path),
+                                                 dockerfile=str(tmp_path / "docker" / "Dockerfile"))
+    name = start[-2]
+    assert list(start) == commands.buildah_from_command(leg.image, name)
+    assert list(run[-8:]) == ["python", "-m", "nox", "--no-venv", "-s", "verify", "--", "-x"]
+    assert list(remove) == commands.buildah_rm_command(name)
+    monkeypatch.setattr(noxfile, "_container_engine", lambda: None)
+    with pytest.raises(Stop, match="no container builder here"):
+        noxfile.container(FakeSession(tmp_path), torch=leg.torch, triton=leg.triton)
 
 
 # -- the CPU container ------------------------------------------------------------------------------
