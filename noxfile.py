@@ -5,12 +5,15 @@ Suites run through harness/run/pipeline.py (also `python -m harness.gpu_verify` 
 
 from __future__ import annotations
 
+import contextlib
 import importlib.metadata
 import os
 import re
 import shutil
 import subprocess
 import sys
+import tempfile
+import time
 from pathlib import Path
 
 import nox
@@ -21,7 +24,7 @@ from nox.command import CommandFailed
 ROOT = Path(__file__).resolve().parent
 sys.path.insert(0, str(ROOT))
 
-from harness.run import commands  # noqa: E402
+from harness.run import commands, pip_settings  # noqa: E402
 from harness.run.legs import (  # noqa: E402
     CPU_TORCH,
     GPU_LEGS,
@@ -325,22 +328,198 @@ def compile_matrix(session: nox.Session) -> None:
         session.error(f"compile_matrix failed: {'; '.join(failed)}")
 
 
+# Sessions that need a GPU in the container: buildah (chroot isolation) passes none.
+GPU_ONLY_SESSIONS = ("gpu_verify", "sanitize")
+
+
+def _container_cache() -> Path:
+    """The host directory mounted at the container's /cache, made by this user so that the
+    container's user can write it."""
+    cache = Path(os.environ.get("KVH_CONTAINER_CACHE") or Path.home() / ".cache" / "kvbits" / "container")
+    cache.mkdir(parents=True, exist_ok=True)
+    return cache
+
+
 @nox.session(python=False, default=False)
 @nox.parametrize(("torch", "triton"), GPU_PARAMS)
 def container(session: nox.Session, torch: str, triton: str) -> None:
     """Build docker/Dockerfile for a GPU leg, run a session in it (default gpu_verify) with --gpus all."""
     leg = gpu_leg(torch, triton)
     inner, *args = list(session.posargs) or ["gpu_verify"]
-    if shutil.which("docker") is None:
-        session.error("docker is not installed: the container session needs Docker and the NVIDIA container toolkit")
-    cache = Path(os.environ.get("KVH_CONTAINER_CACHE") or Path.home() / ".cache" / "kvbits" / "container")
-    cache.mkdir(parents=True, exist_ok=True)  # made by this user, so the container's user can write it
+    engine = _container_engine()
+    if engine is None:
+        session.error("no container builder here: the GPU sessions need Docker with the NVIDIA container toolkit "
+                      "(or podman with CDI: see the README); buildah builds the image and runs a CPU session in it")
+    if engine == commands.BUILDAH and inner in GPU_ONLY_SESSIONS:
+        session.error(f"{inner} needs the GPUs, which buildah's chroot isolation does not pass (no usable docker "
+                      f"here): Docker with the NVIDIA container toolkit, or podman with CDI (README); a CPU "
+                      f"session runs in this image: -- verify")
     (ROOT / commands.REPORTS_DIR).mkdir(exist_ok=True)
-    session.run(*commands.docker_build_command(leg, context=str(ROOT), dockerfile=str(ROOT / commands.DOCKERFILE)),
-                external=True)
-    session.run(*commands.docker_run_command(leg, repo=str(ROOT), cache=str(cache), uid=os.getuid(),
-                                             gid=os.getgid(), session=inner, args=args, environ=os.environ),
-                external=True)
+    if engine == commands.DOCKER:  # every GPU (--gpus all), as the calling user
+        session.run(*commands.docker_build_command(leg, context=str(ROOT),
+                                                   dockerfile=str(ROOT / commands.DOCKERFILE)), external=True)
+        session.run(*commands.docker_run_command(leg, repo=str(ROOT), cache=str(_container_cache()), uid=os.getuid(),
+                                                 gid=os.getgid(), session=inner, args=args, environ=os.environ),
+                    external=True)
+        return
+    with _stopwatch(session, "image build"):
+        session.run(*commands.build_command(engine, commands.gpu_image(leg), context=str(ROOT),
+                                            dockerfile=str(ROOT / commands.DOCKERFILE)), external=True)
+    with _stopwatch(session, f"{inner} in the container"):
+        _run_in_image(session, engine, leg.image, commands.inner_nox_command(leg, inner, args))
+
+
+def _docker_usable() -> bool:
+    """docker is installed and its engine answers: a client without one builds nothing."""
+    docker = shutil.which("docker")
+    if docker is None:
+        return False
+    try:
+        return subprocess.run([docker, "info"], capture_output=True, timeout=60, check=False).returncode == 0
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+
+
+def _container_engine() -> str | None:
+    return commands.pick_engine(docker_usable=_docker_usable(), buildah_found=shutil.which("buildah") is not None)
+
+
+@contextlib.contextmanager
+def _stopwatch(session: nox.Session, what: str):
+    """Logs the wall time of the block, whether it ends well or not."""
+    start = time.monotonic()
+    try:
+        yield
+    finally:
+        session.log(f"{what}: {time.monotonic() - start:.0f} s wall")
+
+
+def _succeeds(cmd: list[str]) -> bool:
+    return subprocess.run(cmd, capture_output=True, check=False).returncode == 0
+
+
+def _mounts_under(root: Path) -> list[str]:
+    """Mount points at or below ``root`` (debootstrap mounts /proc, /sys and /dev in its target
+    while it works): a tree with any must not be deleted."""
+    prefix = str(root.resolve())
+    try:
+        lines = Path("/proc/self/mounts").read_text().splitlines()
+    except OSError:
+        return []
+    points = [line.split()[1] for line in lines if len(line.split()) > 1]
+    return [p for p in points if p == prefix or p.startswith(prefix + "/")]
+
+
+def _remove_root_tree(session: nox.Session, root: Path) -> None:
+    mounted = _mounts_under(root)
+    if mounted:
+        session.error(f"{root} still has mounts ({', '.join(mounted)}): unmount them, then remove it")
+    shutil.rmtree(root, ignore_errors=True)
+
+
+def _base_archive() -> Path:
+    """Where debootstrap's root file system is kept between runs: under ``KVH_CACHE_DIR``, which
+    survives an emptied image store."""
+    cache = Path(os.environ.get("KVH_CACHE_DIR") or Path.home() / ".cache" / "kvbits")
+    return cache / "base-images" / f"debian-{commands.DEBIAN_SUITE}-minbase.tar"
+
+
+def _debootstrap_archive(session: nox.Session, archive: Path) -> None:
+    """debootstrap a minimal Debian into a scratch tree next to ``archive``, then archive it (the
+    archive appears whole or not at all)."""
+    if shutil.which("debootstrap") is None:
+        session.error("debootstrap is not installed (apt-get install debootstrap): it makes the Debian base")
+    if os.geteuid() != 0:
+        session.error("debootstrap needs root: run as root, or set KVH_CONTAINER_BASE to an image with Python")
+    archive.parent.mkdir(parents=True, exist_ok=True)
+    root = archive.with_suffix(".root")
+    partial = archive.with_suffix(".partial")
+    _remove_root_tree(session, root)  # left by a run cut short
+    try:
+        with _stopwatch(session, "debootstrap"):
+            session.run(*commands.debootstrap_command(str(root)), external=True)
+        session.run(*commands.rootfs_tar_command(str(root), str(partial)), external=True)
+        partial.replace(archive)
+    finally:
+        _remove_root_tree(session, root)
+        partial.unlink(missing_ok=True)
+
+
+def _debootstrapped_base(session: nox.Session, engine: str) -> str:
+    """The local Debian base image, made here with debootstrap the first time and imported from
+    its cached archive when the engine's store lost it."""
+    image = commands.LOCAL_BASE_IMAGE
+    if _succeeds(commands.image_exists_command(engine, image)):
+        session.log(f"base image {image}: already in the {engine} store")
+        return image
+    archive = _base_archive()
+    if archive.exists():
+        session.log(f"base image {image}: imported from {archive}")
+    else:
+        _debootstrap_archive(session, archive)
+    with _stopwatch(session, "base image import"):
+        for cmd in commands.import_commands(engine, str(archive), image, name=f"kvbits-base-{os.getpid()}"):
+            session.run(*cmd, external=True, silent=True)
+    return image
+
+
+def _host_pip_settings(session: nox.Session, engine: str) -> pip_settings.BuildPipSettings:
+    """This host's pip settings for the build; those a builder cannot take along are named."""
+    listed = subprocess.run([sys.executable, "-m", "pip", "config", "list"], capture_output=True, text=True,
+                            check=False).stdout
+    settings = pip_settings.for_build(pip_settings.parse_config_list(listed), mount_local=engine == commands.BUILDAH)
+    for item in settings.left_out:
+        session.warn(f"host pip setting left out of the image build (not found, or {engine} build mounts no "
+                     f"host path): {item}")
+    return settings
+
+
+def _build_image(session: nox.Session, engine: str, image: commands.Image) -> None:
+    """Build ``image`` with the host's pip settings as build secrets, from a private scratch file
+    removed afterwards."""
+    settings = _host_pip_settings(session, engine)
+    with tempfile.TemporaryDirectory(prefix="kvbits-pip-") as scratch:
+        config = Path(scratch) / "pip.conf"
+        config.touch(mode=0o600)
+        config.write_text(settings.config)
+        build = commands.build_command(engine, image, context=str(ROOT), dockerfile=str(ROOT / commands.DOCKERFILE),
+                                       secrets=settings.secrets(str(config)), volumes=settings.mounts)
+        with _stopwatch(session, "image build"):
+            session.run(*build, external=True)
+
+
+def _run_in_image(session: nox.Session, engine: str, image: str, inner: list[str]) -> None:
+    """``inner`` in ``image`` with the checkout at /workspace, so that reports/ lands in it."""
+    where = {"repo": str(ROOT), "cache": str(_container_cache()), "uid": os.getuid(), "gid": os.getgid(),
+             "environ": os.environ}
+    (ROOT / commands.REPORTS_DIR).mkdir(exist_ok=True)
+    if engine == commands.DOCKER:
+        session.run(*commands.docker_run_image_command(image, inner, gpus=False, **where), external=True)
+        return
+    name = f"kvbits-run-{os.getpid()}"
+    session.run(*commands.buildah_from_command(image, name), external=True, silent=True)
+    try:
+        session.run(*commands.buildah_run_command(name, inner, **where), external=True)
+    finally:
+        session.run(*commands.buildah_rm_command(name), external=True, silent=True)
+
+
+@nox.session(python=False, default=False)
+def container_cpu(session: nox.Session) -> None:
+    """docker/Dockerfile on a CPU base (KVH_CONTAINER_BASE), a CPU session inside (default verify)."""
+    inner, *args = list(session.posargs) or ["verify"]
+    engine = _container_engine()
+    if engine is None:
+        session.error("no container builder here: docker with an engine that answers `docker info`, or buildah "
+                      "(apt-get install buildah; no daemon needed)")
+    session.log(f"container engine: {engine}")
+    base = os.environ.get("KVH_CONTAINER_BASE") or commands.CPU_BASE_IMAGE
+    if base == commands.DEBOOTSTRAP_BASE:
+        base = _debootstrapped_base(session, engine)
+    image = commands.cpu_image(base, torch_index_url=os.environ.get("KVH_TORCH_INDEX_URL", ""))
+    _build_image(session, engine, image)
+    with _stopwatch(session, f"{inner} in the container"):
+        _run_in_image(session, engine, image.tag, commands.inner_nox_command(None, inner, args))
 
 
 def _run_then_report(session: nox.Session, module: str, name: str) -> None:

@@ -264,16 +264,60 @@ def test_header_shims_only_where_torch_lacks_them(tmp_path):
     assert commands.missing_header_shims(["/nonexistent", str(tmp_path)]) == {}
 
 
-# -- docker ----------------------------------------------------------------------------------------
+# -- container images ------------------------------------------------------------------------------
+
+CPU_IMAGE = commands.cpu_image("localhost/kvbits-base:bookworm-minbase")
 
 
 def test_docker_build_command():
     assert commands.docker_build_command(LEG, context="/src", dockerfile="/src/docker/Dockerfile") == [
         "docker", "build", "--file", "/src/docker/Dockerfile",
-        "--build-arg", "CUDA_IMAGE=nvidia/cuda:13.0.1-devel-ubuntu24.04",
+        "--build-arg", "BASE_IMAGE=nvidia/cuda:13.0.1-devel-ubuntu24.04",
         "--build-arg", "TORCH=2.11.0", "--build-arg", "TRITON=3.6.0",
         "--build-arg", "TORCH_INDEX_URL=https://download.pytorch.org/whl/cu130",
         "--tag", "kvbits-gpu:torch2.11.0-triton3.6.0-cuda13.0.1", "/src"]
+
+
+def test_the_cpu_image_is_the_cpu_torch_with_the_newest_interpreter_leg():
+    newest = max((leg.triton for leg in legs.INTERPRETER_LEGS), key=_version)
+    assert commands.cpu_image() == commands.Image(f"kvbits-cpu:torch{legs.CPU_TORCH}-triton{newest}",
+                                                  commands.CPU_BASE_IMAGE, legs.CPU_TORCH, newest, "")
+    mine = commands.cpu_image("python:3.10-slim", triton="3.4.0", torch_index_url="https://example.invalid/cpu")
+    assert (mine.tag, mine.base, mine.torch_index_url) == (
+        f"kvbits-cpu:torch{legs.CPU_TORCH}-triton3.4.0", "python:3.10-slim", "https://example.invalid/cpu")
+
+
+def test_buildah_builds_in_a_chroot_with_layers_secrets_and_the_local_wheel_directories():
+    secrets = {"pip_config": "/tmp/x/pip.conf", "ca_bundle": "/etc/ssl/certs/ca-certificates.crt"}
+    cmd = commands.build_command("buildah", CPU_IMAGE, context="/src", dockerfile="/src/docker/Dockerfile",
+                                 secrets=secrets, volumes=["/opt/wheels", "/etc/xdg/pip/constraints.txt"])
+    assert cmd == [
+        "buildah", "bud", "--isolation", "chroot", "--layers", "--force-rm", "--format", "docker",
+        "--file", "/src/docker/Dockerfile",
+        "--build-arg", "BASE_IMAGE=localhost/kvbits-base:bookworm-minbase",
+        "--build-arg", f"TORCH={legs.CPU_TORCH}", "--build-arg", f"TRITON={CPU_IMAGE.triton}",
+        "--build-arg", "TORCH_INDEX_URL=",
+        "--secret", "id=pip_config,src=/tmp/x/pip.conf",
+        "--secret", "id=ca_bundle,src=/etc/ssl/certs/ca-certificates.crt",
+        "--volume", "/opt/wheels:/opt/wheels:ro",
+        "--volume", "/etc/xdg/pip/constraints.txt:/etc/xdg/pip/constraints.txt:ro",
+        "--tag", CPU_IMAGE.tag, "/src"]
+
+
+def test_docker_builds_with_secrets_and_mounts_no_host_directory():
+    cmd = commands.build_command("docker", CPU_IMAGE, secrets={"pip_config": "/p"})
+    assert cmd[:2] == ["docker", "build"] and cmd[-5:-3] == ["--secret", "id=pip_config,src=/p"]
+    with pytest.raises(ValueError, match="docker build mounts no host directories"):
+        commands.build_command("docker", CPU_IMAGE, volumes=["/opt/wheels"])
+    with pytest.raises(ValueError, match="engine must be one of"):
+        commands.build_command("podman", CPU_IMAGE)
+
+
+@pytest.mark.parametrize(("docker_usable", "buildah_found", "engine"),
+                         [(True, True, "docker"), (True, False, "docker"), (False, True, "buildah"),
+                          (False, False, None)])
+def test_docker_where_its_engine_answers_else_buildah(docker_usable, buildah_found, engine):
+    assert commands.pick_engine(docker_usable=docker_usable, buildah_found=buildah_found) == engine
 
 
 def test_docker_run_command_runs_the_legs_gpu_verify_as_the_calling_user():
@@ -294,19 +338,73 @@ def test_docker_run_command_other_session_with_arguments():
     assert "--env" not in cmd
 
 
+def test_a_cpu_image_runs_without_gpus():
+    inner = commands.inner_nox_command(None, "verify", ["-x"])
+    assert inner == ["python", "-m", "nox", "--no-venv", "-s", "verify", "--", "-x"]
+    assert commands.inner_nox_command(None, "gpu_verify") == ["python", "-m", "nox", "--no-venv", "-s", "gpu_verify"]
+    cmd = commands.docker_run_image_command(CPU_IMAGE.tag, inner, repo="/src", cache="/c", uid=0, gid=0, gpus=False)
+    assert cmd == ["docker", "run", "--rm", "--init", "--user", "0:0", "--volume", "/src:/workspace",
+                   "--volume", "/c:/cache", "--workdir", "/workspace", CPU_IMAGE.tag, *inner]
+
+
+def test_buildah_runs_in_a_working_container_of_the_image_mounted_as_docker_does():
+    assert commands.buildah_from_command(CPU_IMAGE.tag, "kvbits-run-7") == [
+        "buildah", "from", "--pull=never", "--name", "kvbits-run-7", CPU_IMAGE.tag]
+    inner = commands.inner_nox_command(None, "verify")
+    cmd = commands.buildah_run_command("kvbits-run-7", inner, repo="/src", cache="/c", uid=1001, gid=121,
+                                       environ={"CI": "true", "GITHUB_SHA": "", "HOME": "/root"})
+    assert cmd == ["buildah", "run", "--isolation", "chroot", "--user", "1001:121",
+                   "--volume", "/src:/workspace", "--volume", "/c:/cache", "--workingdir", "/workspace",
+                   "--env", "CI=true", "kvbits-run-7", "--", *inner]
+    assert commands.buildah_rm_command("kvbits-run-7") == ["buildah", "rm", "kvbits-run-7"]
+
+
+def test_the_debian_base_is_debootstrapped_archived_and_imported():
+    assert commands.debootstrap_command("/c/root") == ["debootstrap", "--variant=minbase", "bookworm", "/c/root"]
+    assert commands.rootfs_tar_command("/c/root", "/c/base.tar") == [
+        "tar", "-C", "/c/root", "--exclude=./var/cache/apt/archives/*.deb", "-cf", "/c/base.tar", "."]
+    image = commands.LOCAL_BASE_IMAGE
+    assert image == "localhost/kvbits-base:bookworm-minbase"
+    assert commands.import_commands("docker", "/c/base.tar", image, name="b") == [
+        ["docker", "import", "/c/base.tar", image]]
+    assert commands.import_commands("buildah", "/c/base.tar", image, name="b") == [
+        ["buildah", "from", "--name", "b", "scratch"], ["buildah", "add", "b", "/c/base.tar", "/"],
+        ["buildah", "commit", "--rm", "b", image]]
+    assert commands.image_exists_command("docker", image) == ["docker", "image", "inspect", image]
+    assert commands.image_exists_command("buildah", image) == ["buildah", "inspect", "--type", "image", image]
+
+
+def _dockerfile_runs(text: str) -> list[str]:
+    """Each RUN instruction of a Dockerfile, its continuation lines joined."""
+    joined = re.sub(r"\\\n", " ", text)
+    return [line for line in joined.splitlines() if line.startswith("RUN ")]
+
+
 def test_dockerfile_takes_the_build_args_and_runs_unprivileged():
     text = (ROOT / "docker" / "Dockerfile").read_text()
     args = set(re.findall(r"^ARG (\w+)", text, flags=re.M))
     passed = {a.split("=", 1)[0] for a in commands.docker_build_command(LEG)[5:-3:2]}
-    assert passed == {"CUDA_IMAGE", "TORCH", "TRITON", "TORCH_INDEX_URL"}
+    assert passed == {"BASE_IMAGE", "TORCH", "TRITON", "TORCH_INDEX_URL"}
     assert passed <= args
-    assert re.search(r"^FROM \$\{CUDA_IMAGE\}$", text, flags=re.M)
+    assert re.search(r"^FROM \$\{BASE_IMAGE\}$", text, flags=re.M)
     users = re.findall(r"^USER (\S+)", text, flags=re.M)
     assert users and users[-1].split(":")[0] not in ("root", "0")
     for var in ("TRITON_CACHE_DIR", "KVH_EXT_DIR"):
         assert f"{var}={commands.CONTAINER_CACHE}/" in text
     ignore = (ROOT / ".dockerignore").read_text().split()
     assert ignore[ignore.index("*"):] == ["*", "!pyproject.toml"]
+
+
+def test_every_pip_step_of_the_dockerfile_reads_the_host_settings_from_secrets_only():
+    text = (ROOT / "docker" / "Dockerfile").read_text()
+    pip_steps = [run for run in _dockerfile_runs(text) if "pip install" in run]
+    assert len(pip_steps) == 2
+    for run in pip_steps:
+        for secret_id, target in commands.SECRET_TARGETS.items():
+            assert f"--mount=type=secret,id={secret_id},target={target}" in run, (secret_id, run)
+        assert f"export PIP_CONFIG_FILE={commands.SECRET_TARGETS['pip_config']}" in run
+    for secret_file in commands.SECRET_TARGETS.values():  # mounted, never copied into a layer
+        assert not re.search(rf"^(COPY|ADD|ENV).*{re.escape(secret_file)}", text, flags=re.M)
 
 
 # -- GitHub workflows ------------------------------------------------------------------------------

@@ -75,3 +75,12 @@ def test_the_job_summary_is_the_family_s_own(workflow, kind):
     text = (ROOT / ".github" / "workflows" / workflow).read_text()
     summary = text[text.index("- name: Summary"):]
     assert f"cat {commands.report_paths(kind, 'reports')['summary']} >>" in summary
+
+
+def test_ci_builds_the_cpu_container_after_the_tests_and_says_when_it_cannot():
+    text = (ROOT / ".ci" / "run").read_text()
+    tests = text.index("python3 -m nox -s tests -- --all-legs")
+    container = text.index("KVH_CONTAINER_BASE=debootstrap python3 -m nox -s container_cpu -- verify")
+    assert tests < container
+    assert "apt-get install -y -qq buildah debootstrap" in text
+    assert 'echo "SKIPPED: the CPU container was not built or run' in text

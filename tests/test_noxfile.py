@@ -111,7 +111,7 @@ def listing() -> list[tuple[bool, str, str]]:
 def test_every_session_is_listed_with_a_one_line_description(listing):
     names = {session.split("(")[0] for _, session, _ in listing}
     assert names == {"tests", "verify", "gpu_verify", "bench", "peers", "ab", "report", "lint", "compile_matrix",
-                     "container", "mutants", "sanitize"}
+                     "container", "container_cpu", "mutants", "sanitize"}
     for _, session, description in listing:
         assert description.strip() and len(description) < 110, (session, description)
 
@@ -385,7 +385,7 @@ def test_ab_session_installs_the_default_stack_and_passes_base_and_selection(tmp
 
 def test_the_container_runs_the_ab_session_inside(tmp_path, monkeypatch):
     noxfile = load_noxfile()
-    monkeypatch.setattr(noxfile.shutil, "which", lambda name: "/usr/bin/docker")
+    monkeypatch.setattr(noxfile, "_container_engine", lambda: "docker")
     monkeypatch.setenv("KVH_CONTAINER_CACHE", str(tmp_path / "cache"))
     leg = legs.GPU_LEGS[0]
     session = FakeSession(tmp_path, posargs=["ab", "HEAD~1"])
@@ -443,7 +443,7 @@ def test_compile_matrix_without_nvcc_says_so_and_reports_aot_failures(tmp_path, 
 
 def test_container_builds_the_leg_and_runs_a_session_inside(tmp_path, monkeypatch):
     noxfile = load_noxfile()
-    monkeypatch.setattr(noxfile.shutil, "which", lambda name: "/usr/bin/docker")
+    monkeypatch.setattr(noxfile, "_container_engine", lambda: "docker")
     monkeypatch.setenv("KVH_CONTAINER_CACHE", str(tmp_path / "cache"))
     monkeypatch.setenv("CI", "true")
     leg = legs.GPU_LEGS[1]
@@ -460,3 +460,150 @@ def test_container_builds_the_leg_and_runs_a_session_inside(tmp_path, monkeypatc
     plain = FakeSession(tmp_path)
     noxfile.container(plain, torch=leg.torch, triton=leg.triton)
     assert list(plain.runs()[1][-2:]) == ["-s", leg.session]
+
+
+def test_container_without_docker_builds_the_leg_with_buildah_and_runs_only_cpu_sessions(tmp_path, monkeypatch):
+    noxfile = load_noxfile()
+    monkeypatch.setattr(noxfile, "_container_engine", lambda: "buildah")
+    monkeypatch.setattr(noxfile, "ROOT", tmp_path)
+    monkeypatch.setenv("KVH_CONTAINER_CACHE", str(tmp_path / "cache"))
+    leg = legs.GPU_LEGS[1]
+    for refused in ([], ["gpu_verify"], ["sanitize"]):
+        with pytest.raises(Stop, match="needs the GPUs, which buildah's chroot isolation does not pass"):
+            noxfile.container(FakeSession(tmp_path, posargs=refused), torch=leg.torch, triton=leg.triton)
+    session = FakeSession(tmp_path, posargs=["verify", "-x"])
+    noxfile.container(session, torch=leg.torch, triton=leg.triton)
+    build, start, run, remove = session.runs()
+    assert list(build) == commands.build_command("buildah", commands.gpu_image(leg), context=str(tmp_path),
+                                                 dockerfile=str(tmp_path / "docker" / "Dockerfile"))
+    name = start[-2]
+    assert list(start) == commands.buildah_from_command(leg.image, name)
+    assert list(run[-8:]) == ["python", "-m", "nox", "--no-venv", "-s", "verify", "--", "-x"]
+    assert list(remove) == commands.buildah_rm_command(name)
+    monkeypatch.setattr(noxfile, "_container_engine", lambda: None)
+    with pytest.raises(Stop, match="no container builder here"):
+        noxfile.container(FakeSession(tmp_path), torch=leg.torch, triton=leg.triton)
+
+
+# -- the CPU container ------------------------------------------------------------------------------
+
+
+class ContainerSession(FakeSession):
+    """A recording session for container_cpu: the tar step writes its archive, as tar would."""
+
+    def run(self, *args, env=None, external=False, silent=False, **kwargs):
+        if args[:1] == ("tar",):
+            Path(args[args.index("-cf") + 1]).write_bytes(b"rootfs")
+        return super().run(*args, env=env, external=external, silent=silent, **kwargs)
+
+
+HOST_PIP = "global.cert='{ca}'\nglobal.find-links='{wheels}'\n"
+
+
+@pytest.fixture
+def cpu_container(tmp_path, monkeypatch):
+    """noxfile with buildah as the engine, the host's pip settings HOST_PIP, caches under tmp_path."""
+    noxfile = load_noxfile()
+    ca = tmp_path / "ca.crt"
+    ca.write_text("cert")
+    (tmp_path / "wheels").mkdir()
+    listed = HOST_PIP.format(ca=ca, wheels=tmp_path / "wheels")
+    real_run = subprocess.run
+
+    def fake_run(cmd, *args, **kwargs):
+        if list(cmd[1:]) == ["-m", "pip", "config", "list"]:
+            return subprocess.CompletedProcess(cmd, 0, stdout=listed, stderr="")
+        return real_run(cmd, *args, **kwargs)
+
+    monkeypatch.setattr(noxfile.subprocess, "run", fake_run)
+    monkeypatch.setattr(noxfile, "_container_engine", lambda: "buildah")
+    monkeypatch.setattr(noxfile, "ROOT", tmp_path)
+    monkeypatch.setenv("KVH_CONTAINER_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setenv("KVH_CACHE_DIR", str(tmp_path / "kvcache"))
+    monkeypatch.delenv("KVH_CONTAINER_BASE", raising=False)
+    monkeypatch.delenv("KVH_TORCH_INDEX_URL", raising=False)
+    monkeypatch.delenv("CI", raising=False)
+    noxfile.CA = str(ca)
+    return noxfile
+
+
+def _written_pip_config(build: tuple) -> str:
+    secret = next(arg for arg in build if arg.startswith("id=pip_config,src="))
+    return secret.split("src=", 1)[1]
+
+
+def test_container_cpu_builds_with_the_host_pip_settings_and_runs_verify_inside(tmp_path, cpu_container):
+    session = ContainerSession(tmp_path)
+    cpu_container.container_cpu(session)
+    build, start, run, remove = session.runs()
+    image = commands.cpu_image()
+    config = _written_pip_config(build)
+    assert list(build) == commands.build_command(
+        "buildah", image, context=str(tmp_path), dockerfile=str(tmp_path / "docker" / "Dockerfile"),
+        secrets={"pip_config": config, "ca_bundle": cpu_container.CA}, volumes=[str(tmp_path / "wheels")])
+    assert not Path(config).exists()  # the rendered settings are gone once the image is built
+    name = start[-2]
+    assert list(start) == commands.buildah_from_command(image.tag, name)
+    assert list(run) == commands.buildah_run_command(name, commands.inner_nox_command(None, "verify"),
+                                                     repo=str(tmp_path), cache=str(tmp_path / "cache"),
+                                                     uid=os.getuid(), gid=os.getgid(), environ=os.environ)
+    assert list(remove) == commands.buildah_rm_command(name)
+    assert (tmp_path / "reports").is_dir() and (tmp_path / "cache").is_dir()
+
+
+def test_container_cpu_removes_its_working_container_when_the_session_inside_fails(tmp_path, cpu_container):
+    session = ContainerSession(tmp_path, posargs=["tests", "-k", "pack"], failing=("run",))
+    with pytest.raises(CommandFailed):
+        cpu_container.container_cpu(session)
+    *_, run, remove = session.runs()
+    assert run[:2] == ("buildah", "run") and run[-7:] == ("nox", "--no-venv", "-s", "tests", "--", "-k", "pack")
+    assert remove == tuple(commands.buildah_rm_command(run[-11]))
+
+
+def test_container_cpu_debootstraps_the_base_once_and_keeps_its_archive(tmp_path, cpu_container, monkeypatch):
+    monkeypatch.setenv("KVH_CONTAINER_BASE", "debootstrap")
+    monkeypatch.setattr(cpu_container, "_succeeds", lambda cmd: False)  # not in the image store
+    monkeypatch.setattr(cpu_container.shutil, "which", lambda name: f"/usr/sbin/{name}")
+    monkeypatch.setattr(cpu_container.os, "geteuid", lambda: 0)
+    session = ContainerSession(tmp_path)
+    cpu_container.container_cpu(session)
+    archive = tmp_path / "kvcache" / "base-images" / "debian-bookworm-minbase.tar"
+    root = archive.with_suffix(".root")
+    runs = session.runs()
+    assert runs[0] == tuple(commands.debootstrap_command(str(root)))
+    assert runs[1] == tuple(commands.rootfs_tar_command(str(root), str(archive.with_suffix(".partial"))))
+    name = runs[2][3]
+    assert runs[2:5] == [tuple(c) for c in commands.import_commands("buildah", str(archive), commands.LOCAL_BASE_IMAGE,
+                                                                     name=name)]
+    assert f"BASE_IMAGE={commands.LOCAL_BASE_IMAGE}" in runs[5]
+    assert archive.read_bytes() == b"rootfs" and not root.exists() and not archive.with_suffix(".partial").exists()
+    again = ContainerSession(tmp_path)
+    cpu_container.container_cpu(again)
+    assert [cmd[0] for cmd in again.runs()[:3]] == ["buildah"] * 3  # imported from the archive, no debootstrap
+    monkeypatch.setattr(cpu_container, "_succeeds", lambda cmd: True)  # in the store: nothing to import
+    third = ContainerSession(tmp_path)
+    cpu_container.container_cpu(third)
+    assert third.runs()[0][:2] == ("buildah", "bud")
+
+
+def test_container_cpu_says_what_is_missing(tmp_path, cpu_container, monkeypatch):
+    monkeypatch.setattr(cpu_container, "_container_engine", lambda: None)
+    with pytest.raises(Stop, match="no container builder here"):
+        cpu_container.container_cpu(ContainerSession(tmp_path))
+    monkeypatch.setattr(cpu_container, "_container_engine", lambda: "buildah")
+    monkeypatch.setenv("KVH_CONTAINER_BASE", "debootstrap")
+    monkeypatch.setattr(cpu_container, "_succeeds", lambda cmd: False)
+    monkeypatch.setattr(cpu_container.shutil, "which", lambda name: None)
+    with pytest.raises(Stop, match="debootstrap is not installed"):
+        cpu_container.container_cpu(ContainerSession(tmp_path))
+
+
+def test_docker_counts_only_with_an_engine_that_answers(monkeypatch):
+    noxfile = load_noxfile()
+    monkeypatch.setattr(noxfile.shutil, "which", lambda name: None)
+    assert noxfile._docker_usable() is False
+    monkeypatch.setattr(noxfile.shutil, "which", lambda name: "/bin/false" if name == "docker" else None)
+    assert noxfile._docker_usable() is False
+    assert noxfile._container_engine() is None
+    monkeypatch.setattr(noxfile.shutil, "which", lambda name: "/bin/true")
+    assert noxfile._container_engine() == "docker"

@@ -5,7 +5,8 @@ functions take what they need (versions, paths, device lists, user ids) and
 return argument lists, so that ``tests/test_commands.py`` checks the exact
 commands: ``pip install`` of a stack, the pytest steps of a pipeline and its
 report, CPU affinity and the pinning of workers to GPUs, ahead-of-time and nvcc
-compiles, ``docker build`` / ``docker run``, and the GitHub Actions matrices
+compiles, the container's ``docker``/``buildah`` builds and runs and the Debian base that
+debootstrap makes for it, and the GitHub Actions matrices
 (``python -m harness.run.commands matrix gpu``). The version legs these are
 built for are declared in ``harness/run/legs.py``.
 """
@@ -21,7 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..measure import HARNESS_KERNEL_MODULES
-from .legs import GPU_LEGS, INTERPRETER_LEGS, GpuLeg
+from .legs import CPU_TORCH, GPU_LEGS, INTERPRETER_LEGS, GpuLeg
 
 PROJECT_EXTRAS = "test,report,history,transformers,quality"
 DOCKERFILE = "docker/Dockerfile"
@@ -315,26 +316,129 @@ def nvcc_command(
     return cmd + ["-c", source, "-o", output]
 
 
-# -- docker ------------------------------------------------------------------------------------------
+# -- container images: docker/Dockerfile built and run by docker or buildah ----------------------------
+
+DOCKER, BUILDAH = "docker", "buildah"
+ENGINES = (DOCKER, BUILDAH)
+CPU_IMAGE_NAME = "kvbits-cpu"
+# Any base with Python 3.10+ and apt serves the CPU image; CI gives it one made by debootstrap.
+CPU_BASE_IMAGE = "debian:bookworm-slim"
+# Build secrets docker/Dockerfile mounts while pip runs (never into a layer), by id: where each lies
+# inside the build. The pip config's ``cert`` names the CA bundle's place there.
+PIP_CONFIG_SECRET, CA_BUNDLE_SECRET = "pip_config", "ca_bundle"
+SECRET_TARGETS = {PIP_CONFIG_SECRET: "/run/secrets/pip.conf", CA_BUNDLE_SECRET: "/run/secrets/ca-bundle.crt"}
+
+
+@dataclass(frozen=True)
+class Image:
+    """What docker/Dockerfile is built from and with: the base, the torch/triton stack, the tag.
+    ``torch_index_url`` empty: torch comes from pip's configured indexes."""
+
+    tag: str
+    base: str
+    torch: str
+    triton: str
+    torch_index_url: str = ""
+
+
+def gpu_image(leg: GpuLeg) -> Image:
+    return Image(leg.image, leg.cuda_image, leg.torch, leg.triton, leg.torch_index_url)
+
+
+def cpu_image(base: str = CPU_BASE_IMAGE, *, torch: str = CPU_TORCH, triton: str | None = None,
+              torch_index_url: str = "") -> Image:
+    """The CPU build of torch with an interpreter leg's triton (default the newest leg's)."""
+    triton = triton or max((leg.triton for leg in INTERPRETER_LEGS), key=lambda v: tuple(map(int, v.split("."))))
+    return Image(f"{CPU_IMAGE_NAME}:torch{torch}-triton{triton}", base, torch, triton, torch_index_url)
+
+
+def pick_engine(*, docker_usable: bool, buildah_found: bool) -> str | None:
+    """docker where its engine answers, else buildah (no daemon, rootless); None: neither."""
+    if docker_usable:
+        return DOCKER
+    return BUILDAH if buildah_found else None
+
+
+def _engine(engine: str) -> str:
+    if engine not in ENGINES:
+        raise ValueError(f"engine must be one of {ENGINES}, got {engine!r}")
+    return engine
+
+
+def build_command(
+    engine: str,
+    image: Image,
+    *,
+    context: str = ".",
+    dockerfile: str = DOCKERFILE,
+    secrets: Mapping[str, str] | None = None,
+    volumes: Sequence[str] = (),
+) -> list[str]:
+    """Build ``image`` from ``dockerfile``. ``secrets``: secret id -> host file (see
+    :data:`SECRET_TARGETS`). ``volumes``: host paths the build's steps see at the same place, read
+    only (buildah only: the host pip settings' local wheel directories; docker build mounts none).
+    buildah isolates its steps with chroot (no user namespace or OCI runtime needed), keeps each
+    step's layer (``--layers``), as docker does, so that an unchanged step is not run again,
+    removes a failed step's container (``--force-rm``), and writes docker's image format, whose
+    config keeps the Dockerfile's SHELL (OCI's has none)."""
+    if _engine(engine) == DOCKER:
+        if volumes:
+            raise ValueError("docker build mounts no host directories: leave volumes empty")
+        cmd = [DOCKER, "build"]
+    else:
+        cmd = [BUILDAH, "bud", "--isolation", "chroot", "--layers", "--force-rm", "--format", "docker"]
+    cmd += ["--file", dockerfile,
+            "--build-arg", f"BASE_IMAGE={image.base}",
+            "--build-arg", f"TORCH={image.torch}",
+            "--build-arg", f"TRITON={image.triton}",
+            "--build-arg", f"TORCH_INDEX_URL={image.torch_index_url}"]
+    for secret_id, source in (secrets or {}).items():
+        cmd += ["--secret", f"id={secret_id},src={source}"]
+    for path in volumes:
+        cmd += ["--volume", f"{path}:{path}:ro"]
+    return cmd + ["--tag", image.tag, context]
 
 
 def docker_build_command(leg: GpuLeg, *, context: str = ".", dockerfile: str = DOCKERFILE) -> list[str]:
-    return ["docker", "build",
-            "--file", dockerfile,
-            "--build-arg", f"CUDA_IMAGE={leg.cuda_image}",
-            "--build-arg", f"TORCH={leg.torch}",
-            "--build-arg", f"TRITON={leg.triton}",
-            "--build-arg", f"TORCH_INDEX_URL={leg.torch_index_url}",
-            "--tag", leg.image,
-            context]
+    """A GPU leg's image: its nvidia/cuda base and CUDA wheel index, no host pip settings."""
+    return build_command(DOCKER, gpu_image(leg), context=context, dockerfile=dockerfile)
 
 
-def inner_nox_command(leg: GpuLeg, session: str, args: Sequence[str] = ()) -> list[str]:
+def inner_nox_command(leg: GpuLeg | None, session: str, args: Sequence[str] = ()) -> list[str]:
     """The nox command run inside the container: the installed stack (``--no-venv``);
-    ``gpu_verify`` means this leg's own gpu_verify session."""
-    name = leg.session if session == "gpu_verify" else session
+    ``gpu_verify`` means a GPU leg's own gpu_verify session."""
+    name = leg.session if leg is not None and session == "gpu_verify" else session
     cmd = ["python", "-m", "nox", "--no-venv", "-s", name]
     return cmd + (["--", *args] if args else [])
+
+
+def passed_through(environ: Mapping[str, str] | None) -> list[str]:
+    """The :data:`CONTAINER_PASSTHROUGH` variables set (non-empty) in ``environ``."""
+    return [name for name in CONTAINER_PASSTHROUGH if environ and environ.get(name)]
+
+
+def docker_run_image_command(
+    image: str,
+    inner: Sequence[str],
+    *,
+    repo: str,
+    cache: str,
+    uid: int,
+    gid: int,
+    gpus: bool,
+    environ: Mapping[str, str] | None = None,
+) -> list[str]:
+    """``docker run`` of ``inner`` in ``image``: the checkout mounted read-write at /workspace (so
+    reports/ lands in the checkout), a persistent cache mounted at /cache (Triton kernels, CUDA
+    extensions), as the calling user; ``gpus``: every GPU (the NVIDIA container toolkit)."""
+    cmd = [DOCKER, "run", "--rm", "--init"] + (["--gpus", "all"] if gpus else [])
+    cmd += ["--user", f"{uid}:{gid}",
+            "--volume", f"{repo}:{CONTAINER_ROOT}",
+            "--volume", f"{cache}:{CONTAINER_CACHE}",
+            "--workdir", CONTAINER_ROOT]
+    for name in passed_through(environ):
+        cmd += ["--env", name]
+    return cmd + [image, *inner]
 
 
 def docker_run_command(
@@ -348,18 +452,77 @@ def docker_run_command(
     args: Sequence[str] = (),
     environ: Mapping[str, str] | None = None,
 ) -> list[str]:
-    """``docker run`` of one session inside the leg's image: all GPUs, the checkout mounted
-    read-write at /workspace (so reports/ lands in the checkout), a persistent cache
-    mounted at /cache (Triton kernels, CUDA extensions), as the calling user."""
-    cmd = ["docker", "run", "--rm", "--init", "--gpus", "all",
+    """``docker run`` of one session inside a GPU leg's image, with all GPUs."""
+    return docker_run_image_command(leg.image, inner_nox_command(leg, session, args), repo=repo, cache=cache,
+                                    uid=uid, gid=gid, gpus=True, environ=environ)
+
+
+# buildah runs a command in a working container made from the image, removed afterwards.
+
+
+def buildah_from_command(image: str, name: str) -> list[str]:
+    """A working container ``name`` of ``image`` (a local image: never pulled)."""
+    return [BUILDAH, "from", "--pull=never", "--name", name, image]
+
+
+def buildah_run_command(
+    name: str,
+    inner: Sequence[str],
+    *,
+    repo: str,
+    cache: str,
+    uid: int,
+    gid: int,
+    environ: Mapping[str, str] | None = None,
+) -> list[str]:
+    """``buildah run`` of ``inner`` in working container ``name``, mounted and run as
+    :func:`docker_run_image_command` does (no GPU: chroot isolation has no device plumbing).
+    buildah copies no variable from the host by name: each goes with its value."""
+    cmd = [BUILDAH, "run", "--isolation", "chroot",
            "--user", f"{uid}:{gid}",
            "--volume", f"{repo}:{CONTAINER_ROOT}",
            "--volume", f"{cache}:{CONTAINER_CACHE}",
-           "--workdir", CONTAINER_ROOT]
-    for name in CONTAINER_PASSTHROUGH:
-        if environ and environ.get(name):
-            cmd += ["--env", name]
-    return cmd + [leg.image, *inner_nox_command(leg, session, args)]
+           "--workingdir", CONTAINER_ROOT]
+    for var in passed_through(environ):
+        cmd += ["--env", f"{var}={environ[var]}"]
+    return cmd + [name, "--", *inner]
+
+
+def buildah_rm_command(name: str) -> list[str]:
+    return [BUILDAH, "rm", name]
+
+
+# -- a Debian base made here: debootstrap, then imported as a local image --------------------------
+
+DEBIAN_SUITE = "bookworm"  # Python 3.11, which the CPU build of torch has wheels for
+DEBOOTSTRAP_BASE = "debootstrap"  # KVH_CONTAINER_BASE's value that asks for this base
+LOCAL_BASE_IMAGE = f"localhost/kvbits-base:{DEBIAN_SUITE}-minbase"
+
+
+def debootstrap_command(target: str, *, suite: str = DEBIAN_SUITE) -> list[str]:
+    """A minimal Debian root file system (apt and dpkg, no Python: the Dockerfile installs it)."""
+    return ["debootstrap", "--variant=minbase", suite, target]
+
+
+def rootfs_tar_command(root: str, tarball: str) -> list[str]:
+    """The root file system as a tar archive, without the packages debootstrap downloaded."""
+    return ["tar", "-C", root, "--exclude=./var/cache/apt/archives/*.deb", "-cf", tarball, "."]
+
+
+def import_commands(engine: str, tarball: str, image: str, *, name: str) -> list[list[str]]:
+    """A root file system archive made a local image (``name``: buildah's working container)."""
+    if _engine(engine) == DOCKER:
+        return [[DOCKER, "import", tarball, image]]
+    return [[BUILDAH, "from", "--name", name, "scratch"],
+            [BUILDAH, "add", name, tarball, "/"],
+            [BUILDAH, "commit", "--rm", name, image]]
+
+
+def image_exists_command(engine: str, image: str) -> list[str]:
+    """Exits 0 when ``image`` is in the engine's local store."""
+    if _engine(engine) == DOCKER:
+        return [DOCKER, "image", "inspect", image]
+    return [BUILDAH, "inspect", "--type", "image", image]
 
 
 # -- GitHub Actions matrices ----------------------------------------------------------------------
