@@ -249,6 +249,7 @@ def test_one_history_serves_runners_of_two_gpu_models(history_db, tmp_path, monk
     now = [_run(tmp_path / "now", "h200", ms=1.05, host="runner-h200"),
            _run(tmp_path / "now", "h100", ms=2.6, gpu="NVIDIA H100", host="runner-h100")]  # the H100 30% slower
     monkeypatch.setenv("KVH_HISTORY", str(history_db))
+    monkeypatch.setenv("COLUMNS", "200")  # the summary cuts its lines to the terminal's width
     argv = ["summarize", *map(str, now), "--baseline", str(committed), "--fail-on", "regressions"]
 
     assert report_main(argv) == 0  # two H100 runs: not enough to judge by
