@@ -253,20 +253,24 @@ def paged_from_contiguous(
     )
 
 
+def gather_pages(x: torch.Tensor, pages: torch.Tensor) -> torch.Tensor:
+    """[NP, H, r, ...] rows of a page pool -> [B, H, P r, ...]: each row of ``pages`` [B, P]
+    (page indices) read in its order, its pages' rows end to end."""
+    b, per_seq = pages.shape
+    y = x[pages.reshape(-1).long()].reshape(b, per_seq, x.shape[1], *x.shape[2:]).transpose(1, 2)
+    return y.reshape(b, x.shape[1], per_seq * x.shape[2], *x.shape[3:])
+
+
 def paged_to_contiguous(paged: PagedQuantizedKV) -> QuantizedKV:
     """The inverse of :func:`paged_from_contiguous`: capacity = pages per sequence x page_size. Of
     a paged cache with sinks or a window, the codes of every complete group and the partial group
     (the contiguous format keeps no other fp tokens)."""
     if not isinstance(paged, PagedQuantizedKV):
         raise TypeError(f"paged must be a PagedQuantizedKV; got {type(paged).__name__}")
-    b, per_seq = paged.block_table.shape
-    h, d = paged.heads, paged.head_dim
-    idx = paged.block_table.reshape(-1).long()
+    d = paged.head_dim
 
     def gather(x: torch.Tensor) -> torch.Tensor:
-        # [NP, H, r, ...] -> [B, H, per_seq*r, ...]
-        y = x[idx].reshape(b, per_seq, h, *x.shape[2:]).transpose(1, 2)
-        return y.reshape(b, h, per_seq * x.shape[2], *x.shape[3:])
+        return gather_pages(x, paged.block_table)
 
     return QuantizedKV(
         bits=paged.bits,

@@ -13,7 +13,7 @@ import torch
 
 from ..kv_cache import _dequantize_side, dequantize_kv
 from .layout import codes_from_words
-from .paged import PagedQuantizedKV
+from .paged import PagedQuantizedKV, gather_pages
 
 
 def attention_reference(
@@ -73,12 +73,11 @@ def _held_codes(cache: PagedQuantizedKV, i: int, full: int) -> tuple[torch.Tenso
     """fp32 (k, v) [H, full, D]: the dequantized codes of the first ``full`` tokens (whole groups) of
     sequence i, read from the pages they lie in and no other."""
     p, t, g = cache.page_size, cache.tile, cache.group_size
-    pages = cache.block_table[i, :-(-full // p)].long()
+    pages = cache.block_table[i:i + 1, :-(-full // p)]
 
     def held(x: torch.Tensor, rows: int) -> torch.Tensor:
         # [NP, H, r, ...] -> [1, H, rows, ...]: the sequence's pages in block-table order, cut at ``rows``
-        y = x[pages].transpose(0, 1)
-        return y.reshape(y.shape[0], -1, *y.shape[3:])[None, :, :rows]
+        return gather_pages(x, pages)[:, :, :rows]
 
     out = []
     for role, words, scale, zero in (("k", cache.k_words, cache.k_scale, cache.k_zero),
