@@ -206,22 +206,30 @@ def test_bad_input_is_rejected(record, device, backend, case):
 
 @pytest.mark.parametrize(("device", "backend"), device_backends())
 def test_failed_append_leaves_cache_unchanged(record, device, backend):
-    """NaN in a completed group or in the residual window: ValueError, and the cache as before
-    (codes, scales and capacity included: the input is checked before any write)."""
+    """NaN, +Inf or -Inf in a chunk's completed group, in its new residual window or in one token:
+    ValueError naming k or v, and the cache as before (codes, scales and capacity included: the
+    input is checked before any write). The contiguous cache reads its input on the host, so it
+    refuses at once (docs/design.md section 4)."""
     g = 32
     k, v = random_kv((1, 2, 3 * g + 10, 64), torch.float16, device, seed=12)
     qkv = kvbits.quantize_kv(k[:, :, : g + 5], v[:, :, : g + 5], group_size=g, backend=backend)
     before = {f: getattr(qkv, f).clone() for f in ("k_residual", "v_residual", "seq_lens", "k_codes", "v_scale")}
     capacity = qkv.capacity
-    for bad_at in (g - 10, g + 30):  # in the group that completes / in the new residual window
-        chunk_k = _with(k[:, :, g + 5:], (0, 1, bad_at, 2), float("nan"))
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", RuntimeWarning)
-            with pytest.raises(ValueError, match="NaN or Inf") as info:
-                qkv.append(chunk_k, v[:, :, g + 5:], backend=backend)
-        for name, t in before.items():
-            assert torch.equal(getattr(qkv, name), t), name
-        assert qkv.capacity == capacity  # nothing grown
+    for value in (float("nan"), float("inf"), float("-inf")):
+        # in the group that completes / in the new residual window (k), one token (v)
+        for name, bad in (("k", (k[:, :, g + 5:], (0, 1, g - 10, 2))), ("k", (k[:, :, g + 5:], (0, 1, g + 30, 2))),
+                          ("v", (v[:, :, g + 5], (0, 1, 7)))):
+            x, at = bad
+            poisoned = x.clone()
+            poisoned[at] = value
+            kk, vv = (poisoned, v[:, :, g + 5:]) if name == "k" else (k[:, :, g + 5], poisoned)
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", RuntimeWarning)
+                with pytest.raises(ValueError, match=f"{name} contains NaN or Inf") as info:
+                    qkv.append(kk, vv, backend=backend)
+            for field, t in before.items():
+                assert torch.equal(getattr(qkv, field), t), field
+            assert qkv.capacity == capacity  # nothing grown
     qkv.append(k[:, :, g + 5:], v[:, :, g + 5:], backend=backend)
     ref = kvbits.quantize_kv(k, v, group_size=g, backend="torch")
     assert torch.equal(kvbits.dequantize_kv(qkv)[0], kvbits.dequantize_kv(ref)[0])

@@ -168,3 +168,21 @@ def test_block_table_entries_past_a_sequence_are_never_read(record, cache):
     """Entries past the pages a sequence's length reaches may hold anything (a pool's padding):
     sequence 1 holds 100 tokens, one page of codes, so its second entry is not a page at all."""
     _decodes_as_the_reference(record, _q(), _paged_with(cache, [[0, 1], [2, -1]]), cache)
+
+
+@pytest.mark.parametrize("value", [float("nan"), float("inf")], ids=["nan", "inf"])
+@pytest.mark.parametrize("backend", ["torch", "triton"])
+def test_a_query_that_is_not_finite_gives_nan_as_sdpa_does(record, cache, backend, value):
+    """q's values are not inspected (docs/design.md section 4): NaN or Inf in one sequence's query
+    gives NaN in that sequence's output, as scaled_dot_product_attention does; the other sequence's
+    output stays finite."""
+    record.backend, record.device, record.variant = backend, DEVICE, "query-not-finite"
+    q = _q()
+    q[0, 1, 5] = value
+    out = decode_attention(q, cache, backend=backend)
+    k_hat, v_hat = kvbits.dequantize_kv(cache, dtype=q.dtype)
+    sdpa = torch.nn.functional.scaled_dot_product_attention(
+        q[0, :, None].float(), k_hat[0].float().repeat_interleave(2, 0), v_hat[0].float().repeat_interleave(2, 0))
+    assert bool(torch.isnan(out[0, 1]).all()) and bool(torch.isnan(sdpa[1]).all())
+    assert bool(torch.isfinite(out[1]).all())
+    record.add(states_checked=out.numel())

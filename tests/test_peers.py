@@ -463,13 +463,14 @@ def test_kvbits_peer_follows_replays():
     the device's, and the next step goes on from there."""
     from kvbits.decode import reference_decode
     from kvbits.decode.append import append_torch
+    from kvbits.decode.cache import APPENDS
 
     peer = KvbitsPeer(3, B, HQ, HKV, D, 256)
     for _ in grow(peer, 60, 1):
         pass
     gen = torch.Generator().manual_seed(5)
     unseen = torch.randn(B, HKV, 6, D, generator=gen).half()
-    append_torch(peer.cache.view(), unseen, unseen, None, peer.cache.errors)  # 61 -> 67 on the "device"
+    append_torch(peer.cache.view(), unseen, unseen, None, peer.cache.errors[APPENDS, :B])  # 61 -> 67 on the "device"
     assert peer.length == 61 and peer.cache.lengths() == [61] * B
     peer.replayed(67)
     assert peer.length == 67 and peer.cache.lengths() == peer.cache.sync_lengths() == [67] * B

@@ -55,7 +55,8 @@ def decode_attention(
     kernel; bits 2/3/4, D 64/128/256 with at most four V groups per token, D / G <= 4: D = 256
     with G = 64 or 128); ``None`` picks Triton on a GPU. num_splits: override the split count
     (Triton).
-    out: optional [B, Hq, D] output buffer. Returns [B, Hq, D] in q's dtype.
+    out: optional [B, Hq, D] output buffer. Returns [B, Hq, D] in q's dtype. q's values are not
+    inspected: NaN or Inf in q gives NaN in that sequence's output, as SDPA does.
 
     The Triton path carries q * sm_scale * K scale and each softmax weight * V scale as fp16
     tensor-core operands. Where q * sm_scale * log2(e) * K scale exceeds 65504 (logits of order

@@ -1,4 +1,5 @@
-"""Append tokens into a paged, decode-arranged cache on the device (one launch, no host sync).
+"""Append tokens into a paged, decode-arranged cache on the device (no host sync; one launch for
+one token per sequence, two for a chunk).
 
 :class:`AppendLaunch` (and :func:`launch_append` for one call) writes T new tokens per sequence
 (k, v ``[B, H, T, D]``) into a :class:`~kvbits.decode.paged.PagedQuantizedKV` whose
@@ -22,7 +23,21 @@ one group per sequence, and its words are shared by ``shares`` programs per role
 (WORD_SHARES), so that the step that completes a group costs little more than the others;
 chunks take one program per group and role. The group-0 programs then write the chunk's last
 tokens into the ring and its first into the sinks, and the last program of sequence b to finish adds
-its count to ``seq_lens[b]`` (no second launch).
+its count to ``seq_lens[b]``.
+
+**Values it cannot store.** Every value of a chunk is looked at on the device: a completed
+group's through its scale (NaN or Inf in the group, or a finite value whose scale overflows the
+scale dtype, make it NaN or beyond the dtype's largest), the rest where the group-0 program
+copies the chunk's last RING tokens, which hold them (NaN and +-Inf alike). A step's token (one
+per sequence, STEP) is tested in the one row that program loads, each thread its own elements:
+a finite step runs no reduction and no atomic more than before. A sequence of whose chunk one
+program found such a value keeps its length, ERROR_NOT_FINITE is or-ed into its error word, and
+nothing the decode reads at that length changes: the pages, sinks and ring rows written lie past
+it, except for ring rows of a chunk that reaches far past the sequence's last whole group
+(_ring_waits): those are held back, the last program of a sequence that stored its chunk leaves
+its former length in ``ring_from`` (else -1), and a second launch, :func:`_ring_kernel` (chunks of
+more than one token only), writes them. A chunk one of whose completed groups finds no page is not
+written at all (ERROR_NO_PAGE).
 
 The torch path does the same on the host (any device): it reads the lengths, so it synchronizes.
 
@@ -31,9 +46,10 @@ bit for bit), the codes in the page's words as :func:`kvbits.decode.layout.pack_
 Shapes and dtypes: k, v fp16/bf16 ``[B, H, T, D]`` (or one token ``[B, H, D]``), the cache's
 dtype; chunk lengths int32 ``[B]`` or None; the pool as :class:`~kvbits.decode.paged.PagedQuantizedKV`
 holds it (words int32 ``[NP, H, P/TILE, W]``, K scales and zeros ``[NP, H, P/G, D]``, V's
-``[NP, H, P, D/G]``, fp16/fp32); errors int32 ``[1]``, ERROR_* bits or-ed in. Tested against
-:func:`append_torch` (the same pool, tensor for tensor) and one-shot ``quantize_kv`` of each
-sequence's tokens, in ``suites/test_page_cache.py``; speed in ``suites/test_bench_decode_step.py``.
+``[NP, H, P, D/G]``, fp16/fp32); errors int32 ``[B]``, each sequence's ERROR_* bits or-ed in.
+Tested against :func:`append_torch` (the same pool, tensor for tensor) and one-shot
+``quantize_kv`` of each sequence's tokens, in ``suites/test_page_cache.py``; speed in
+``suites/test_bench_decode_step.py``.
 """
 
 from __future__ import annotations
@@ -51,10 +67,13 @@ from .direct_launch import Launch, specialization
 from .layout import _pack_plan, pack_tile, tile_shape
 from .paged import PagedQuantizedKV
 
+# a sequence's error word (int32, one per sequence) or-s these in
 ERROR_NO_PAGE = 1  # a completed group's block-table entry is not a page of the pool (chunk not placed)
-ERROR_NOT_FINITE = 2  # a completed group held NaN/Inf, or its scale overflowed the scale dtype
+ERROR_NOT_FINITE = 2  # the chunk held NaN or +-Inf, or a completed group's scale overflowed its dtype (not stored)
 ERROR_SCALE_RANGE = 4  # a completed group's finite fp32 scale exceeds fp16's range (checks.FP16_MAX)
+REFUSED = tl.constexpr(1 << 30)  # or-ed into a sequence's arrivals count: a program found ERROR_NOT_FINITE
 FP16_LARGEST = tl.constexpr(FP16_MAX)  # the kernel's copy of checks.FP16_MAX
+FP32_LARGEST = tl.constexpr(torch.finfo(torch.float32).max)  # |x| <= it: x is finite (NaN compares false)
 PAGE_BLOCK = tl.constexpr(16)  # block-table entries a program checks at a time (_pages_missing)
 MAX_WORDS_PER_STEP = 128  # words packed per step of the word loop, at most (the gathers' registers)
 APPEND_WARPS = 4
@@ -134,30 +153,95 @@ def _count_beyond_fp16(s, SCALE_MAX: tl.constexpr, PER_CHANNEL: tl.constexpr):
 
 @triton.jit
 def _copy_rows(x_ptr, stride_xb, stride_xh, stride_xt, out_ptr, stride_ob, stride_oh, stride_ot, b, h, held, end,
-             first, rows, period, D: tl.constexpr):
-    """Copy the chunk's tokens among positions first + [0, rows) (those in [held, end)) to the fp
-    rows of sequence b, kv head h: position p at row p % period."""
+             first, rows, period, store, D: tl.constexpr):
+    """Copy (where ``store``) the chunk's tokens among positions first + [0, rows) (those in [held,
+    end)) to the fp rows of sequence b, kv head h: position p at row p % period. Returns where their
+    values are not finite, bool [rows, D]."""
     pos = first + tl.arange(0, rows)
     keep = ((pos >= held) & (pos < end))[:, None]
     c = tl.arange(0, D)[None, :]
     src = b * stride_xb + h * stride_xh + (pos - held).to(tl.int64)[:, None] * stride_xt + c
     row = tl.where(pos >= 0, pos, 0) % period
-    tl.store(out_ptr + b * stride_ob + h * stride_oh + row[:, None] * stride_ot + c, tl.load(x_ptr + src, mask=keep),
-             mask=keep)
+    x = tl.load(x_ptr + src, mask=keep)
+    # where(store, keep, False), not keep & store: the interpreter refuses a mask of a tensor and a scalar
+    tl.store(out_ptr + b * stride_ob + h * stride_oh + row[:, None] * stride_ot + c, x,
+             mask=tl.where(store, keep, False))
+    return keep & _not_finite(x)
+
+
+@triton.jit
+def _not_finite(x):
+    """Where x is NaN or +-Inf (NaN compares false)."""
+    return ~(tl.abs(x.to(tl.float32)) <= FP32_LARGEST)
+
+
+@triton.jit
+def _refuse(err_ptr, arrivals_ptr, bad):
+    """Refuse this program's sequence where ``bad`` (bool, a scalar or a tensor; no atomic runs
+    where it is all False): ERROR_NOT_FINITE into its error word and REFUSED into its arrivals
+    count, which its last program reads. A tensor's atomics come from several threads: a
+    barrier orders them before the program's arrival."""
+    at = bad.to(tl.int32) * 0
+    tl.atomic_or(err_ptr + at, 2, mask=bad, sem="relaxed")  # ERROR_NOT_FINITE
+    tl.atomic_or(arrivals_ptr + at, REFUSED, mask=bad, sem="relaxed")
+
+
+@triton.jit
+def _copy_token(x_ptr, stride_xb, stride_xh, r_ptr, stride_rb, stride_rh, stride_rt, sink_ptr, stride_sink_b,
+                stride_sink_h, stride_sink_t, err_ptr, arrivals_ptr, b, h, held, SINKS: tl.constexpr,
+                RING: tl.constexpr, D: tl.constexpr):
+    """A step's token (one per sequence, at position ``held``) of sequence b, kv head h into its
+    ring row and, below SINKS, its sink row, and the sequence refused where it is not finite: the
+    one row loaded is the one tested, each thread its own elements (no reduction), and neither row
+    is attended at length ``held``."""
+    c = tl.arange(0, D)
+    x = tl.load(x_ptr + b * stride_xb + h * stride_xh + c)
+    tl.store(r_ptr + b * stride_rb + h * stride_rh + (held % RING) * stride_rt + c, x)
+    if SINKS > 0:
+        tl.store(sink_ptr + b * stride_sink_b + h * stride_sink_h + held * stride_sink_t + c, x,
+                 mask=held + c * 0 < SINKS)
+    _refuse(err_ptr, arrivals_ptr, _not_finite(x))
+    tl.debug_barrier()  # every thread's refusal before the program's arrival
+
+
+@triton.jit
+def _copy_ring(x_ptr, stride_xb, stride_xh, stride_xt, r_ptr, stride_rb, stride_rh, stride_rt, b, h, held, end, store,
+               G: tl.constexpr, RING: tl.constexpr, D: tl.constexpr):
+    """Copy (where ``store``) the last RING of the chunk's tokens (positions [held, end)) into the ring
+    of sequence b, kv head h (row position % RING); returns how many of their values are not finite."""
+    first = tl.maximum(held, end - RING)  # the chunk's first token the ring keeps
+    not_finite = tl.zeros([G, D], tl.int1)
+    for i in tl.static_range(RING // G):
+        if first + i * G < end:  # blocks past the chunk hold none of its tokens (a one-token chunk's: one block)
+            not_finite |= _copy_rows(x_ptr, stride_xb, stride_xh, stride_xt, r_ptr, stride_rb, stride_rh, stride_rt,
+                                     b, h, held, end, first + i * G, G, RING, store, D)
+    return tl.sum(tl.sum(not_finite.to(tl.int32), 1), 0)
+
+
+@triton.jit
+def _ring_waits(held, end, G: tl.constexpr):
+    """Whether a chunk of positions [held, end) may write ring rows that the decode attends at
+    length ``held`` (it reaches past the group after the sequence's last whole group, which a
+    prompt's chunk, held = 0, and a step's never do): its ring rows then wait for every program's
+    verdict (_ring_kernel writes them)."""
+    return (held > 0) & (end > held // G * G + G)
 
 
 @triton.jit
 def _append_role(x_ptr, stride_xb, stride_xh, stride_xt, r_ptr, stride_rb, stride_rh, stride_rt,
                  sink_ptr, stride_sink_b, stride_sink_h, stride_sink_t,
                  w_ptr, stride_w_p, stride_w_h, stride_w_t, s_ptr, z_ptr, stride_s_p, stride_s_h, stride_s_r,
-                 table_ptr, err_ptr, b, h, j, share, held, n_new, page_size, bt_ptr, stride_bt_b,
+                 table_ptr, err_ptr, arrivals_ptr, b, h, j, share, held, n_new, page_size, bt_ptr, stride_bt_b,
                  D: tl.constexpr, G: tl.constexpr, BITS: tl.constexpr, TILE: tl.constexpr, SINKS: tl.constexpr,
-                 RING: tl.constexpr, SHARES: tl.constexpr, WORDS: tl.constexpr, PER_CHANNEL: tl.constexpr,
-                 SCALE_FP16: tl.constexpr, FLOOR: tl.constexpr, SCALE_MAX: tl.constexpr, INTERPRET: tl.constexpr):
+                 RING: tl.constexpr, SHARES: tl.constexpr, WORDS: tl.constexpr, STEP: tl.constexpr,
+                 PER_CHANNEL: tl.constexpr, SCALE_FP16: tl.constexpr, FLOOR: tl.constexpr, SCALE_MAX: tl.constexpr,
+                 INTERPRET: tl.constexpr):
     """K (PER_CHANNEL) or V of one program of a chunk whose completed groups all have their pages:
     quantize the chunk's group j when the chunk completes it (share 0 stores its scales and
     zeros), write share ``share`` of its tiles' words, and (group 0, share 0) the chunk's last
-    RING tokens into the ring (row position % RING) and its tokens below SINKS into the sinks."""
+    RING tokens into the ring (row position % RING; unless _ring_waits) and its tokens below SINKS
+    into the sinks (STEP: the one token, _copy_token). Refuses the sequence (_refuse) where its
+    group's scales are flagged (share 0) or the ring's tokens are not finite (group 0)."""
     start = held // G * G + j * G  # first token of the group
     NW: tl.constexpr = TILE * D * BITS // 32 // SHARES  # words of a tile this program writes
     off = start % page_size
@@ -182,8 +266,8 @@ def _append_role(x_ptr, stride_xb, stride_xh, stride_xt, r_ptr, stride_rb, strid
         if share == 0:
             tl.store(s_ptr + at, s.to(s_ptr.dtype.element_ty))
             tl.store(z_ptr + at, z.to(z_ptr.dtype.element_ty))
-            if bad > 0:
-                tl.atomic_or(err_ptr, 2)  # ERROR_NOT_FINITE
+            if bad > 0:  # the scalar's atomics come from one thread, as the arrival's
+                _refuse(err_ptr, arrivals_ptr, bad > 0)
             if not SCALE_FP16:  # fp32 scales: the fused decode takes them as fp16 operands
                 wide = _count_beyond_fp16(s, SCALE_MAX, PER_CHANNEL)
                 if wide > 0:
@@ -196,16 +280,19 @@ def _append_role(x_ptr, stride_xb, stride_xh, stride_xt, r_ptr, stride_rb, strid
         # after this program's reads of the ring (the only reader of this role's whose rows a write
         # may reach: a one-token chunk writes the row of its token, which no group reads)
         tl.debug_barrier()
-        end = held + n_new
-        first = tl.maximum(held, end - RING)  # the chunk's first token the ring keeps
-        for i in tl.static_range(RING // G):
-            if first + i * G < end:  # blocks past the chunk hold none of its tokens (a step's: one block)
-                _copy_rows(x_ptr, stride_xb, stride_xh, stride_xt, r_ptr, stride_rb, stride_rh, stride_rt, b, h, held,
-                           end, first + i * G, G, RING, D)
-        if held < SINKS:
-            for i in tl.static_range(SINKS // G):
-                _copy_rows(x_ptr, stride_xb, stride_xh, stride_xt, sink_ptr, stride_sink_b, stride_sink_h,
-                           stride_sink_t, b, h, held, end, i * G, G, SINKS, D)
+        if STEP:
+            _copy_token(x_ptr, stride_xb, stride_xh, r_ptr, stride_rb, stride_rh, stride_rt, sink_ptr, stride_sink_b,
+                        stride_sink_h, stride_sink_t, err_ptr, arrivals_ptr, b, h, held, SINKS, RING, D)
+        else:
+            end = held + n_new
+            found = _copy_ring(x_ptr, stride_xb, stride_xh, stride_xt, r_ptr, stride_rb, stride_rh, stride_rt, b, h,
+                               held, end, ~_ring_waits(held, end, G), G, RING, D)
+            if found > 0:
+                _refuse(err_ptr, arrivals_ptr, found > 0)
+            if held < SINKS:  # rows past the length at which a refused chunk leaves the sequence: never attended
+                for i in tl.static_range(SINKS // G):
+                    _copy_rows(x_ptr, stride_xb, stride_xh, stride_xt, sink_ptr, stride_sink_b, stride_sink_h,
+                               stride_sink_t, b, h, held, end, i * G, G, SINKS, True, D)
 
 
 @triton.jit
@@ -216,15 +303,15 @@ def _append_kernel(
     bt_ptr, stride_bt_b, table_cols, num_pages, page_size,
     kw_ptr, stride_kw_p, stride_kw_h, stride_kw_t, ks_ptr, kz_ptr, stride_ks_p, stride_ks_h, stride_ks_g,
     vw_ptr, stride_vw_p, stride_vw_h, stride_vw_t, vs_ptr, vz_ptr, stride_vs_p, stride_vs_h, stride_vs_t,
-    k_table_ptr, v_table_ptr, err_ptr, arrivals_ptr,
+    k_table_ptr, v_table_ptr, err_ptr, arrivals_ptr, ring_from_ptr,
     D: tl.constexpr, G: tl.constexpr, BITS: tl.constexpr, TILE: tl.constexpr, SINKS: tl.constexpr,
-    RING: tl.constexpr, RAGGED: tl.constexpr, SHARES: tl.constexpr, WORDS: tl.constexpr, SCALE_FP16: tl.constexpr,
-    FLOOR: tl.constexpr, SCALE_MAX: tl.constexpr, INTERPRET: tl.constexpr,
+    RING: tl.constexpr, RAGGED: tl.constexpr, SHARES: tl.constexpr, WORDS: tl.constexpr, STEP: tl.constexpr,
+    SCALE_FP16: tl.constexpr, FLOOR: tl.constexpr, SCALE_MAX: tl.constexpr, INTERPRET: tl.constexpr,
 ):
     """Append chunk tokens of one (sequence b, kv head h): program (j * 2 + role) * SHARES + share
     quantizes K (role 0) or V (role 1) of the chunk's group j and writes share ``share`` of its
     words (SHARES > 1 only for one-token chunks: more programs for the one group a step may
-    complete).
+    complete). STEP: one token per sequence (chunk == 1, not RAGGED), whose ring rows never wait.
 
     k, v [B, H, T, D] (D contiguous) in the cache's dtype; chunk lengths int32 [B] (RAGGED) or
     ``chunk`` for all; lens int32 [B] (grown by the program of sequence b that finishes last, as
@@ -232,8 +319,12 @@ def _append_kernel(
     ring, RING a multiple of G); k/v_sink [B, H, SINKS, D] (any pointer when SINKS = 0); block
     table int32 [B, table_cols]; the pool's words int32 [NP, H, P/TILE, W], K scales/zeros
     [NP, H, P/G, D], V scales/zeros [NP, H, P, D/G]; tables int32 [W * 32] (word_sources);
-    errors int32 [1] (ERROR_* bits or-ed in). A sequence a group of whose chunk finds no page
-    is left as it was (pool, window, length): every program of it sees the same entries.
+    errors int32 [B] (each sequence's ERROR_* bits or-ed in). A sequence a group of whose chunk
+    finds no page is left as it was (pool, window, length): every program of it sees the same
+    entries. A sequence whose chunk holds a value it cannot store keeps its length (module
+    docstring): its programs or REFUSED into its arrivals count, which the last one reads; it
+    leaves in ring_from int32 [B] the length before a stored chunk whose ring rows wait
+    (_ring_waits, written by _ring_kernel), else -1.
     """
     b = tl.program_id(0).to(tl.int64)
     h = tl.program_id(1)
@@ -249,28 +340,55 @@ def _append_kernel(
     if placed:
         if role == 0:
             _append_role(k_ptr, stride_xb, stride_xh, stride_xt, kr_ptr, stride_rb, stride_rh, stride_rt,
-                         ksink_ptr, stride_sink_b, stride_sink_h, stride_sink_t,
-                         kw_ptr, stride_kw_p, stride_kw_h, stride_kw_t, ks_ptr, kz_ptr, stride_ks_p, stride_ks_h,
-                         stride_ks_g, k_table_ptr, err_ptr, b, h, j, share, held, n_new, page_size, bt_ptr,
-                         stride_bt_b, D, G, BITS, TILE, SINKS, RING, SHARES, WORDS, True, SCALE_FP16, FLOOR,
-                         SCALE_MAX, INTERPRET)
+                         ksink_ptr, stride_sink_b, stride_sink_h, stride_sink_t, kw_ptr, stride_kw_p, stride_kw_h,
+                         stride_kw_t, ks_ptr, kz_ptr, stride_ks_p, stride_ks_h, stride_ks_g, k_table_ptr, err_ptr + b,
+                         arrivals_ptr + b, b, h, j, share, held, n_new, page_size, bt_ptr, stride_bt_b, D, G, BITS,
+                         TILE, SINKS, RING, SHARES, WORDS, STEP, True, SCALE_FP16, FLOOR, SCALE_MAX, INTERPRET)
         else:
             _append_role(v_ptr, stride_xb, stride_xh, stride_xt, vr_ptr, stride_rb, stride_rh, stride_rt,
-                         vsink_ptr, stride_sink_b, stride_sink_h, stride_sink_t,
-                         vw_ptr, stride_vw_p, stride_vw_h, stride_vw_t, vs_ptr, vz_ptr, stride_vs_p, stride_vs_h,
-                         stride_vs_t, v_table_ptr, err_ptr, b, h, j, share, held, n_new, page_size, bt_ptr,
-                         stride_bt_b, D, G, BITS, TILE, SINKS, RING, SHARES, WORDS, False, SCALE_FP16, FLOOR,
-                         SCALE_MAX, INTERPRET)
+                         vsink_ptr, stride_sink_b, stride_sink_h, stride_sink_t, vw_ptr, stride_vw_p, stride_vw_h,
+                         stride_vw_t, vs_ptr, vz_ptr, stride_vs_p, stride_vs_h, stride_vs_t, v_table_ptr, err_ptr + b,
+                         arrivals_ptr + b, b, h, j, share, held, n_new, page_size, bt_ptr, stride_bt_b, D, G, BITS,
+                         TILE, SINKS, RING, SHARES, WORDS, STEP, False, SCALE_FP16, FLOOR, SCALE_MAX, INTERPRET)
     elif (h == 0) & (tl.program_id(2) == 0):
-        tl.atomic_or(err_ptr, 1)  # ERROR_NO_PAGE
+        tl.atomic_or(err_ptr + b, 1)  # ERROR_NO_PAGE
     # the sequence's last program to finish grows its length: every program of it has read the
-    # length before its arrival (release), and the last one sees them all (acquire); a chunk
-    # that could not be placed leaves it, so that it never claims tokens that were not stored
+    # length (and the ring) before its arrival (release), and the last one sees them all
+    # (acquire); a chunk that could not be placed, or that a program refused, leaves it, so that
+    # it never claims tokens that were not stored
     arrived = tl.atomic_add(arrivals_ptr + b, 1, sem="acq_rel")
-    if arrived == tl.num_programs(1) * tl.num_programs(2) - 1:
-        if placed:
-            tl.store(lens_ptr + b, held + n_new)
+    if arrived % REFUSED == tl.num_programs(1) * tl.num_programs(2) - 1:
+        stored = placed & (arrived < REFUSED)
+        end = held + n_new
+        if stored:
+            tl.store(lens_ptr + b, end)
+        if not STEP:  # a step's ring rows never wait
+            tl.store(ring_from_ptr + b, tl.where(stored & _ring_waits(held, end, G), held, -1))
         tl.store(arrivals_ptr + b, 0)
+
+
+@triton.jit
+def _ring_kernel(k_ptr, v_ptr, stride_xb, stride_xh, stride_xt, chunk_ptr, chunk, ring_from_ptr,
+                 kr_ptr, vr_ptr, stride_rb, stride_rh, stride_rt,
+                 D: tl.constexpr, G: tl.constexpr, RING: tl.constexpr, RAGGED: tl.constexpr):
+    """The ring rows _append_kernel held back (_ring_waits) of the sequences that stored their chunk:
+    program (b, h, role) copies the chunk's last RING tokens of kv head h, K (role 0) or V, into the
+    ring. Arguments as _append_kernel's; ring_from int32 [B]: the length before the chunk, or -1
+    (nothing to write)."""
+    b = tl.program_id(0).to(tl.int64)
+    h = tl.program_id(1)
+    held = tl.load(ring_from_ptr + b)
+    if held >= 0:
+        if RAGGED:
+            end = held + tl.load(chunk_ptr + b)
+        else:
+            end = held + chunk
+        if tl.program_id(2) == 0:
+            _copy_ring(k_ptr, stride_xb, stride_xh, stride_xt, kr_ptr, stride_rb, stride_rh, stride_rt, b, h, held,
+                       end, True, G, RING, D)
+        else:
+            _copy_ring(v_ptr, stride_xb, stride_xh, stride_xt, vr_ptr, stride_rb, stride_rh, stride_rt, b, h, held,
+                       end, True, G, RING, D)
 
 
 # ----------------------------------------------------------------------------- launch
@@ -292,13 +410,14 @@ def word_split(words: int, tokens: int) -> tuple[int, int]:
 
 class AppendLaunch:
     """Appends into ``view`` (its tensors fixed; the lengths, residual windows and block table read
-    at each launch), with the word tables ``sources`` (k, v: word_sources) and the error word
-    ``errors`` int32 [1]: the arguments laid out once, each call a launch of _append_kernel and
-    with ``arrivals`` int32 [B] (zeros) for the kernel's count of finished programs. No host
-    synchronization."""
+    at each launch), with the word tables ``sources`` (k, v: word_sources) and the error words
+    ``errors`` int32 [B] (one per sequence of the view): the arguments laid out once, each call a
+    launch of _append_kernel (and for a chunk of more than one token one of _ring_kernel), with
+    ``arrivals`` int32 [B] (zeros) for the kernel's count of finished programs and ``ring_from``
+    int32 [B] for what it hands _ring_kernel. No host synchronization."""
 
     def __init__(self, view: PagedQuantizedKV, sources: tuple[torch.Tensor, torch.Tensor], errors: torch.Tensor,
-                 arrivals: torch.Tensor):
+                 arrivals: torch.Tensor, ring_from: torch.Tensor):
         self.view, self.sources, self.errors = view, sources, errors
         sdt = view.k_scale.dtype
         # without sinks the kernel writes no sink row: the ring stands in for their pointers
@@ -309,8 +428,10 @@ class AppendLaunch:
             view.block_table, view.block_table.stride(0), view.block_table.shape[1], view.num_pages, view.page_size,
             view.k_words, *view.k_words.stride()[:3], view.k_scale, view.k_zero, *view.k_scale.stride()[:3],
             view.v_words, *view.v_words.stride()[:3], view.v_scale, view.v_zero, *view.v_scale.stride()[:3],
-            *sources, errors, arrivals,
+            *sources, errors, arrivals, ring_from,
         )
+        self._ring_fixed = (ring_from, view.k_residual, view.v_residual, *view.k_residual.stride()[:3])
+        self._ring_options = dict(D=view.head_dim, G=view.group_size, RING=view.ring, num_warps=APPEND_WARPS)
         self._options = dict(D=view.head_dim, G=view.group_size, BITS=view.bits, TILE=view.tile, SINKS=view.sinks,
                              RING=view.ring,
                              SCALE_FP16=sdt == torch.float16, FLOOR=SCALE_FLOOR[sdt], SCALE_MAX=torch.finfo(sdt).max,
@@ -337,37 +458,54 @@ class AppendLaunch:
             g = self.view.group_size
             shares, step = word_split(self.view.tile * self.view.head_dim * self.view.bits // 32, t)
             groups = max(1, (g - 1 + t) // g)
-            launch = self._launches[key] = Launch(_append_kernel, (b, h, groups * 2 * shares), self._fixed,
-                                                  dict(self._options, RAGGED=ragged, SHARES=shares, WORDS=step))
+            launch = self._launches[key] = Launch(
+                _append_kernel, (b, h, groups * 2 * shares), self._fixed,
+                dict(self._options, RAGGED=ragged, SHARES=shares, WORDS=step, STEP=t == 1 and not ragged))
         view = self.view
         with on_device(k.device):
             launch((specialization(k), specialization(v), t), k, v, *strides,
                    chunk_lens if ragged else view.seq_lens, t)
+            if t > 1:  # a chunk: the ring rows _append_kernel may have held back
+                self._ring_launch(key, b, h)((specialization(k), specialization(v), t), k, v, *strides,
+                                             chunk_lens if ragged else view.seq_lens, t)
         # the kernel wrote these in place: bump their version counters as a torch write would
         increment_version([x for x in (view.seq_lens, view.k_scale, view.v_scale) if not x.is_inference()])
+
+    def _ring_launch(self, key: tuple, b: int, h: int) -> Launch:
+        """The _ring_kernel launch of chunks launched with ``key``."""
+        ring = self._launches.get((key, "ring"))
+        if ring is None:
+            ring = self._launches[key, "ring"] = Launch(_ring_kernel, (b, h, 2), self._ring_fixed,
+                                                        dict(self._ring_options, RAGGED=key[1]))
+        return ring
 
 
 def launch_append(view: PagedQuantizedKV, k: torch.Tensor, v: torch.Tensor, chunk_lens: torch.Tensor | None,
                   errors: torch.Tensor) -> None:
     """One append through a fresh :class:`AppendLaunch` (tables made for this call; a cache keeps
-    its own launch and tables instead)."""
+    its own launch and tables instead); ``errors`` int32 [B], each sequence's ERROR_* bits."""
     tables = tuple(word_sources(view.bits, role, view.head_dim, view.tile, view.warps, k.device) for role in "kv")
     arrivals = torch.zeros(view.seq_lens.shape[0], dtype=torch.int32, device=k.device)
-    AppendLaunch(view, tables, errors, arrivals)(k, v, chunk_lens)
+    AppendLaunch(view, tables, errors, arrivals, torch.full_like(arrivals, -1))(k, v, chunk_lens)
 
 
 # ----------------------------------------------------------------------------- torch twin
 def append_torch(view: PagedQuantizedKV, k: torch.Tensor, v: torch.Tensor, chunk_lens: torch.Tensor | None,
                  errors: torch.Tensor) -> None:
-    """What _append_kernel does, in torch (reads the lengths on the host): a sequence a group of
-    whose chunk finds no page is left as it was."""
+    """What _append_kernel does, in torch (reads the lengths on the host; ``errors`` int32 [B], each
+    sequence's ERROR_* bits): a sequence a group of whose chunk finds no page is left as it was,
+    one whose chunk holds a value the cache cannot store keeps its length."""
     counts = [k.shape[2]] * k.shape[0] if chunk_lens is None else chunk_lens.tolist()
     for b, (held, n_new) in enumerate(zip(view.seq_lens.tolist(), list(counts), strict=True)):
         if not _has_its_pages(view, b, held, n_new):
-            errors |= ERROR_NO_PAGE
+            errors[b] |= ERROR_NO_PAGE
             counts[b] = 0  # the length never claims tokens that were not stored
             continue
-        errors |= _append_sequence_torch(view, b, held, k[b, :, :n_new], v[b, :, :n_new])
+        found = _append_sequence_torch(view, b, held, k[b, :, :n_new], v[b, :, :n_new])
+        if found:
+            errors[b] |= found
+        if found & ERROR_NOT_FINITE:
+            counts[b] = 0
     view.seq_lens += torch.tensor(counts, dtype=view.seq_lens.dtype, device=view.seq_lens.device)
 
 
@@ -385,7 +523,8 @@ def _has_its_pages(view: PagedQuantizedKV, b: int, held: int, n_new: int) -> boo
 
 def _append_sequence_torch(view: PagedQuantizedKV, b: int, held: int, k: torch.Tensor, v: torch.Tensor) -> int:
     """Append k, v [H, n, D] to sequence b, which holds ``held`` tokens and has the pages they
-    reach (its length is the caller's); returns the ERROR_* bits of its completed groups."""
+    reach (its length is the caller's); returns the ERROR_* bits of its completed groups and its
+    ring's tokens (ERROR_NOT_FINITE: the caller leaves the length)."""
     g, p, d = view.group_size, view.page_size, view.head_dim
     found = 0
     r = held % g
@@ -414,8 +553,12 @@ def _append_sequence_torch(view: PagedQuantizedKV, b: int, held: int, k: torch.T
                 words[page, :, tile_idx] = pack_tile(tile, view.bits, role, d, view.tile, view.warps)
     end = held + k.shape[1]
     kept = torch.arange(max(held, end - view.ring), end, device=k.device)  # the chunk's tokens the ring keeps
-    view.k_residual[b, :, kept % view.ring] = k[:, kept - held]
-    view.v_residual[b, :, kept % view.ring] = v[:, kept - held]
+    if not (bool(torch.isfinite(k[:, kept - held]).all()) and bool(torch.isfinite(v[:, kept - held]).all())):
+        found |= ERROR_NOT_FINITE
+    waits = held > 0 and end > held // g * g + g  # the kernel's _ring_waits
+    if not (waits and found & ERROR_NOT_FINITE):
+        view.k_residual[b, :, kept % view.ring] = k[:, kept - held]
+        view.v_residual[b, :, kept % view.ring] = v[:, kept - held]
     if view.sinks:
         first = torch.arange(held, max(held, min(end, view.sinks)), device=k.device)  # the chunk's sink tokens
         view.k_sink[b, :, first] = k[:, first - held]
@@ -447,6 +590,12 @@ def _codes_of(kg: torch.Tensor, vg: torch.Tensor, view: PagedQuantizedKV) -> tup
 
 
 # ----------------------------------------------------------------------------- AOT specializations
+# what a step's launch specializes as multiples of 16 (D = 128): the strides of its contiguous token
+# [B, H, D] (along T: 0), of the rings and sinks, and the page size
+STEP_DIVISIBLE = ("stride_xb", "stride_xh", "stride_xt", "stride_rb", "stride_rh", "stride_rt", "stride_sink_b",
+                  "stride_sink_h", "stride_sink_t", "page_size")
+
+
 def _aot_specs() -> list[AotSpec]:
     specs = []
     for dtype, d, g, bits, tile, sinks, window in (("fp16", 128, 64, 3, 64, 0, 0), ("bf16", 128, 64, 2, 64, 0, 0),
@@ -463,15 +612,24 @@ def _aot_specs() -> list[AotSpec]:
                "ks_ptr": "*fp16", "kz_ptr": "*fp16", "stride_ks_p": "i64", "stride_ks_h": "i32", "stride_ks_g": "i32",
                "vw_ptr": "*i32", "stride_vw_p": "i64", "stride_vw_h": "i32", "stride_vw_t": "i32",
                "vs_ptr": "*fp16", "vz_ptr": "*fp16", "stride_vs_p": "i64", "stride_vs_h": "i32", "stride_vs_t": "i32",
-               "k_table_ptr": "*i32", "v_table_ptr": "*i32", "err_ptr": "*i32", "arrivals_ptr": "*i32"}
+               "k_table_ptr": "*i32", "v_table_ptr": "*i32", "err_ptr": "*i32", "arrivals_ptr": "*i32",
+               "ring_from_ptr": "*i32"}
+        # the 3-bit ones stand for a step (one token: the JIT makes chunk == 1 a constant), the others for chunks
+        step = bits == 3
         specs.append(AotSpec(
-            f"page_append_{dtype}_d{d}_g{g}_b{bits}_t{tile}{fp}", _append_kernel, sig,
+            f"page_append_{dtype}_d{d}_g{g}_b{bits}_t{tile}{fp}", _append_kernel,
+            {name: kind for name, kind in sig.items() if not (step and name == "chunk")},
             {"D": d, "G": g, "BITS": bits, "TILE": tile, "SINKS": sinks, "RING": g + window, "RAGGED": False,
-             **dict(zip(("SHARES", "WORDS"), word_split(tile * d * bits // 32, 1 if bits == 3 else 2), strict=True)),
-             "SCALE_FP16": True,
+             **dict(zip(("SHARES", "WORDS"), word_split(tile * d * bits // 32, 1 if step else 2), strict=True)),
+             "STEP": step, **({"chunk": 1} if step else {}), "SCALE_FP16": True,
              "FLOOR": SCALE_FLOOR[torch.float16], "SCALE_MAX": 65504.0, "INTERPRET": False},
-            num_warps=APPEND_WARPS,
+            num_warps=APPEND_WARPS, divisible_ints=STEP_DIVISIBLE if step else (),
         ))
+        ring_sig = {name: sig[name] for name in ("k_ptr", "v_ptr", "stride_xb", "stride_xh", "stride_xt", "chunk_ptr",
+                                                 "chunk", "ring_from_ptr", "kr_ptr", "vr_ptr", "stride_rb",
+                                                 "stride_rh", "stride_rt")}
+        specs.append(AotSpec(f"page_append_ring_{dtype}_d{d}_g{g}_r{g + window}", _ring_kernel, ring_sig,
+                             {"D": d, "G": g, "RING": g + window, "RAGGED": False}, num_warps=APPEND_WARPS))
     return specs
 
 

@@ -4,8 +4,8 @@ A pool of fixed-size pages in the decode arrangement (:mod:`kvbits.decode.layout
 per sequence and a few full-precision tokens per sequence, in the conventions of vLLM and
 FlashInfer.
 Sequences are added (with or without a prompt) and freed (their pages go back to the pool);
-each step appends one token (or a chunk) to every live sequence in one kernel launch
-(:mod:`kvbits.decode.append`) and attends with the fused decode through a plan made once per
+each step appends one token to every live sequence in one kernel launch (a chunk in two:
+:mod:`kvbits.decode.append`) and attends with the fused decode through a plan made once per
 batch composition (:class:`kvbits.decode.plan.DecodePlan`). The prompt and every appended
 token are written straight into the arrangement the kernel reads: nothing is rebuilt, and
 the cache's device memory is :meth:`PagedKVCache.nbytes`.
@@ -68,6 +68,8 @@ from .paged import PagedQuantizedKV, _require_page_size, paged_to_contiguous
 from .plan import DecodePlan
 
 BACKENDS = ("torch", "triton")
+APPENDS, ADDS = 0, 1  # the rows of PagedKVCache.errors: what append found, what add_sequence found
+CALLS = {ADDS: "add_sequence", APPENDS: "append"}
 SINKS, WINDOW = 64, 128  # default fp tokens, rounded up to whole groups (fp_tokens)
 PLAN_HEADROOM = 8  # a plan covers the longest sequence plus an eighth, so that growth rarely re-plans
 
@@ -137,8 +139,11 @@ class PagedKVCache(CacheLengths):
         self.v_sink = zeros(max_seqs, heads, sinks, head_dim, dtype=dtype, **kw) if sinks else None
         self.block_table = torch.full((max_seqs, max_pages_per_seq), -1, dtype=torch.int32, **kw)
         self.seq_lens = zeros(max_seqs, dtype=torch.int32, **kw)
-        self.errors = zeros(1, dtype=torch.int32, **kw)  # the ERROR_* bits of append.py
+        # the append kernel's ERROR_* bits per call (APPENDS, ADDS) and row; column max_seqs: sequences freed since
+        self.errors = zeros(2, max_seqs + 1, dtype=torch.int32, **kw)
         self.arrivals = zeros(max_seqs, dtype=torch.int32, **kw)  # the append kernel's counts (append.py)
+        # per row, what the append kernel hands its ring launch (append._ring_kernel): -1, or a length
+        self.ring_from = torch.full((max_seqs,), -1, dtype=torch.int32, **kw)
         # where each bit of a K and a V tile's words comes from (append.word_sources)
         self.k_sources, self.v_sources = (word_sources(bits, role, head_dim, tile, warps, device) for role in "kv")
         self._free_pages = list(range(num_pages - 1, -1, -1))  # popped from the end: page 0 first
@@ -200,7 +205,8 @@ class PagedKVCache(CacheLengths):
         return sum(t.numel() * t.element_size() for t in (
             self.k_words, self.v_words, self.k_scale, self.k_zero, self.v_scale, self.v_zero,
             self.k_residual, self.v_residual, *(() if self.k_sink is None else (self.k_sink, self.v_sink)),
-            self.block_table, self.seq_lens, self.errors, self.arrivals, self.k_sources, self.v_sources))
+            self.block_table, self.seq_lens, self.errors, self.arrivals, self.ring_from, self.k_sources,
+            self.v_sources))
 
     def bytes_per_token(self) -> float:
         """Pool bytes one token takes across the heads: codes, and its share of scales and zeros."""
@@ -218,8 +224,8 @@ class PagedKVCache(CacheLengths):
         n = len(self._ids)
         if self._view is None or self._view.block_table.shape[0] != n:
             self._view = self._rows_view(slice(0, n))
-            self._appender = AppendLaunch(self._view, (self.k_sources, self.v_sources), self.errors,
-                                          self.arrivals[:n])
+            self._appender = AppendLaunch(self._view, (self.k_sources, self.v_sources), self.errors[APPENDS, :n],
+                                          self.arrivals[:n], self.ring_from[:n])
         return self._view
 
     def _rows_view(self, rows: slice) -> PagedQuantizedKV:
@@ -237,7 +243,9 @@ class PagedKVCache(CacheLengths):
                      backend: str | None = None) -> int:
         """Start a sequence, with a prompt k, v [H, S, D] (or [1, H, S, D]) quantized into its
         pages, or empty. Returns its id; it takes the next row. Raises (cache unchanged) when
-        every row is taken or the pool has too few free pages."""
+        every row is taken or the pool has too few free pages. The prompt's values are looked at
+        on the device, not on the host: one that holds NaN or Inf is not stored (the sequence stays,
+        empty) and :meth:`check_errors` says so."""
         if len(self._ids) == self.max_seqs:
             raise ValueError(f"the cache holds max_seqs={self.max_seqs} sequences already; free one first")
         if (k is None) != (v is None):
@@ -261,7 +269,7 @@ class PagedKVCache(CacheLengths):
         self._plan, self._room = None, None
         if tokens:
             self._grow_tables([0] * row + [tokens])
-            self._write(slice(row, row + 1), k, v, None, backend)
+            self._write(slice(row, row + 1), k, v, None, backend, adding=True)
             self._lens[row] = tokens
         return self._ids[row]
 
@@ -270,6 +278,9 @@ class PagedKVCache(CacheLengths):
         row = self._row(seq_id)
         last = len(self._ids) - 1
         self._free_pages.extend(reversed(self._pages[row]))
+        self.errors[:, -1] |= self.errors[:, row]  # what its calls found is still said, without its id
+        self.errors[:, row] = self.errors[:, last]
+        self.errors[:, last] = 0
         if row != last:
             for t in (self.block_table, self.seq_lens, self.k_residual, self.v_residual, self.k_sink, self.v_sink):
                 if t is not None:
@@ -359,31 +370,38 @@ class PagedKVCache(CacheLengths):
         return list(self._lens)
 
     def check_errors(self) -> None:
-        """Raise ValueError for what appends found on the device since the last check (reads the
-        device: one synchronization), and clear it."""
-        found = int(self.errors.item())
-        if found:
-            self.errors.zero_()
-            what = []
-            if found & ERROR_NO_PAGE:
-                what.append("a completed group had no page in its block-table row, so its sequence's chunk was "
-                            "not stored (reserve before replaying)")
-            if found & ERROR_NOT_FINITE:
-                what.append("a completed group held NaN or Inf, or its scale overflowed the scale dtype")
-            if found & ERROR_SCALE_RANGE:
-                what.append(f"a completed group's fp32 scale exceeds fp16's range ({FP16_MAX:g}), which the fused "
-                            f"decode (backend='triton') carries as fp16 operands: attend with backend='torch'")
-            raise ValueError("append: " + "; ".join(what))
+        """Raise ValueError for what add_sequence and append found on the device since the last
+        check, naming the call and the sequences (reads the device: one synchronization), and clear
+        it. A sequence whose tokens a call did not store (a chunk without its page, or K/V holding
+        NaN or Inf) kept the length it had before that call (0 for a prompt): the host's lengths
+        are read back from the device then (:meth:`sync_lengths`)."""
+        found = self.errors.tolist()
+        if not any(any(words) for words in found):
+            return
+        self.errors.zero_()
+        what = []
+        for call, name in CALLS.items():
+            for bit, why in _ERRORS.items():
+                ids = [sid for row, sid in enumerate(self._ids) if found[call][row] & bit]
+                freed = found[call][-1] & bit
+                if ids or freed:
+                    who = [f"sequence {ids[0]}" if len(ids) == 1 else f"sequences {ids}"] if ids else []
+                    who += ["a sequence freed since"] if freed else []
+                    what.append(f"{name}: {' and '.join(who)}: {why}")
+        if any(words[row] & (ERROR_NO_PAGE | ERROR_NOT_FINITE) for words in found for row in range(len(self._ids))):
+            self.sync_lengths()
+        raise ValueError("; ".join(what))
 
     # -- appending ---------------------------------------------------------------------
     def append(self, k: torch.Tensor, v: torch.Tensor, *, chunk_lens=None, backend: str | None = None) -> None:
         """Append one token (k, v [n, H, D]) or a chunk (k, v [n, H, T, D]) to every live sequence,
         in row order; ``chunk_lens`` (n ints, each in [0, T]) takes only the first chunk_lens[i]
         tokens of row i (a ragged batch). Pages come from the pool as groups complete. One kernel
-        launch and no host synchronization on a GPU; under CUDA graph capture the pages must have
-        been reserved (:meth:`reserve`). Raises (cache unchanged) on bad shapes, dtypes or
-        devices and when the pool runs out; values are not inspected on the host (NaN or Inf in a
-        completed group shows in :meth:`check_errors`)."""
+        launch (two for a chunk) and no host synchronization on a GPU; under CUDA graph capture
+        the pages must have been reserved (:meth:`reserve`). Raises (cache unchanged) on bad
+        shapes, dtypes or devices and when the pool runs out. Values are looked at on the device,
+        not on the host: a sequence whose tokens hold NaN or Inf takes none of them (its length
+        stays) and :meth:`check_errors` says so."""
         n = len(self._ids)
         kernel = self._on_gpu if backend is None else backend == "triton" and (self._on_gpu or triton_interpreted())
         if (chunk_lens is None and kernel and self._plain_tokens(k, v, n)
@@ -424,15 +442,16 @@ class PagedKVCache(CacheLengths):
             self._lens = [a + b for a, b in zip(self._lens, counts, strict=True)]
         self._room = None
 
-    def _write(self, rows: slice, k, v, chunk_lens, backend: str) -> None:
-        """Append k, v into the sequences of ``rows`` (all live rows, or one new one)."""
-        live = rows == slice(0, len(self._ids))
+    def _write(self, rows: slice, k, v, chunk_lens, backend: str, *, adding: bool = False) -> None:
+        """Append k, v into the sequences of ``rows`` (all live rows, or the one new row ``adding``)."""
+        live = not adding and rows == slice(0, len(self._ids))
         view = self.view() if live else self._rows_view(rows)
+        errors = self.errors[ADDS if adding else APPENDS, rows]
         if backend == "torch":
-            append_torch(view, k, v, chunk_lens, self.errors)
+            append_torch(view, k, v, chunk_lens, errors)
         else:
-            launch = self._appender if live else AppendLaunch(view, (self.k_sources, self.v_sources), self.errors,
-                                                              self.arrivals[rows])
+            launch = self._appender if live else AppendLaunch(view, (self.k_sources, self.v_sources), errors,
+                                                              self.arrivals[rows], self.ring_from[rows])
             launch(k, v, chunk_lens)
 
     def _row_room(self, held: int, pages: list[int]) -> int:
@@ -522,6 +541,16 @@ class PagedKVCache(CacheLengths):
         rows = [p + [p[0] if p else 0] * (width - len(p)) for p in self._pages]
         table = torch.tensor(rows, dtype=torch.int32).reshape(len(rows), width).to(self.device)
         return paged_to_contiguous(dataclasses.replace(self.view(), block_table=table))
+
+
+_ERRORS = {
+    ERROR_NO_PAGE: "a completed group had no page in its block-table row, so that chunk was not stored (reserve "
+                   "before replaying)",
+    ERROR_NOT_FINITE: "k or v held NaN or Inf (or a value whose group's scale overflows the scale dtype), so none "
+                      "of that call's tokens was stored: the sequence keeps the length it had",
+    ERROR_SCALE_RANGE: f"a completed group's fp32 scale exceeds fp16's range ({FP16_MAX:g}), which the fused decode "
+                       f"(backend='triton') carries as fp16 operands: attend with backend='torch'",
+}
 
 
 def fp_tokens(group_size: int, sinks, window) -> tuple[int, int]:
