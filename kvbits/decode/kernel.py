@@ -470,8 +470,8 @@ def _tile_params(
 @triton.jit
 def _page(pages, b, page_idx, live):
     """Block-table entry page_idx of sequence b (0 where not live), as int64."""
-    table_ptr, stride_table_b, table_cols, page_size = pages
-    return tl.load(table_ptr + b * stride_table_b + page_idx, mask=live, other=0).to(tl.int64)
+    bt_ptr, stride_bt_b, table_cols, page_size = pages
+    return tl.load(bt_ptr + b * stride_bt_b + page_idx, mask=live, other=0).to(tl.int64)
 
 
 @triton.jit
@@ -633,7 +633,7 @@ def _tile_step(
     (whose position and scales, fetched, the previous step loaded). Returns the softmax state and
     the next tile's fetched position and scales."""
     k_words, k_scales, v_words, v_scales, pages = pool
-    table_ptr, stride_table_b, table_cols, page_size = pages
+    bt_ptr, stride_bt_b, table_cols, page_size = pages
     position, scales = fetched
     page, page_idx, off = position
     next_idx, next_off = _next_position(page_idx, off, page_size, BLOCK_T)
@@ -655,7 +655,7 @@ def _code_partial(
     """Attend the split's tiles of quantized tokens and store its partial output and lse."""
     q_ptr, stride_qb, stride_qh = query
     k_words, k_scales, v_words, v_scales, pages = pool
-    table_ptr, stride_table_b, table_cols, page_size = pages
+    bt_ptr, stride_bt_b, table_cols, page_size = pages
     partials, lses = output
     NGV: tl.constexpr = D // G
     HALF: tl.constexpr = COLS // 2
@@ -768,6 +768,7 @@ def _decode_split_kernel(
     G: tl.constexpr, BITS: tl.constexpr, CLASSES: tl.constexpr, SCALE_WORDS: tl.constexpr, BLOCK_T: tl.constexpr,
     # the fp rows
     SINKS: tl.constexpr, RING: tl.constexpr,
+    # the launch
     WARPS: tl.constexpr, INTERPRET: tl.constexpr,
 ):
     """Partial attention of one split of one (sequence, kv head).
@@ -782,15 +783,16 @@ def _decode_split_kernel(
       [NP, H, P/BLOCK_T, W] (tiles, kvbits.decode.layout); k_scales ``(ks_ptr, kz_ptr, stride_ks_p,
       stride_ks_h, stride_ks_g)``: K scales and zeros [NP, H, P/G, D], one set of strides for both;
       v_scales ``(vs_ptr, vz_ptr, stride_vs_p, stride_vs_h, stride_vs_t)``: V scales and zeros
-      [NP, H, P, D/G]; pages ``(table_ptr, stride_table_b, table_cols, page_size)``: the block
+      [NP, H, P, D/G]; pages ``(bt_ptr, stride_bt_b, table_cols, page_size)``: the block
       table int32 [B, table_cols] and P, the tokens of a page.
-    - fp_rows ``(ring, sinks)``, each ``(k_ptr, v_ptr, stride_b, stride_h, stride_t)``: the ring
-      k/v_residual [B, H, RING, D] (the partial group and a window of RING - G tokens before it)
-      and the sinks k/v_sink [B, H, SINKS, D] (the first tokens in fp; any pointers when SINKS = 0).
+    - fp_rows ``(ring, sinks)``: ring ``(kr_ptr, vr_ptr, stride_r_b, stride_r_h, stride_r_t)``,
+      k/v_residual [B, H, RING, D] (the partial group and a window of RING - G tokens before it);
+      sinks ``(ksink_ptr, vsink_ptr, stride_sink_b, stride_sink_h, stride_sink_t)``, k/v_sink
+      [B, H, SINKS, D] (the first tokens in fp; any pointers when SINKS = 0).
     - lengths ``(lens_ptr, cache_lens_ptr)``: int32 [B], attended length and cache length.
     - plan ``(num_splits, tiles_per_split)``: the split plan (kvbits.decode.launch.split_plan).
-    - output ``(partials, lse)``: partials ``(mid_o_ptr, stride_mo_b, stride_mo_h, stride_mo_s)``,
-      mid_o fp32 [B, Hq, splits+parts, D] (normalized); lse ``(mid_lse_ptr, stride_ml_b,
+    - output ``(partials, lses)``: partials ``(mid_o_ptr, stride_mo_b, stride_mo_h, stride_mo_s)``,
+      mid_o fp32 [B, Hq, splits+parts, D] (normalized); lses ``(mid_lse_ptr, stride_ml_b,
       stride_ml_h)``, mid_lse fp32 [B, Hq, splits+parts] (log2-sum-exp, -inf when the split is
       empty).
 

@@ -193,7 +193,7 @@ def _split_signature(q_type: str, res_type: str, scale_type: str) -> dict:
             "v_words": {"vw_ptr": "*i32", "stride_vw_p": "i64", "stride_vw_h": "i32", "stride_vw_t": "i32"},
             "v_scales": {"vs_ptr": scale_type, "vz_ptr": scale_type, "stride_vs_p": "i64", "stride_vs_h": "i32",
                          "stride_vs_t": "i32"},
-            "pages": {"table_ptr": "*i32", "stride_table_b": "i32", "table_cols": "i32", "page_size": "i32"},
+            "pages": {"bt_ptr": "*i32", "stride_bt_b": "i32", "table_cols": "i32", "page_size": "i32"},
         },
         "fp_rows": {
             "ring": {"kr_ptr": res_type, "vr_ptr": res_type, "stride_r_b": "i32", "stride_r_h": "i32",
@@ -205,7 +205,7 @@ def _split_signature(q_type: str, res_type: str, scale_type: str) -> dict:
         "plan": {"num_splits": "i32", "tiles_per_split": "i32"},
         "output": {
             "partials": {"mid_o_ptr": "*fp32", "stride_mo_b": "i32", "stride_mo_h": "i32", "stride_mo_s": "i32"},
-            "lse": {"mid_lse_ptr": "*fp32", "stride_ml_b": "i32", "stride_ml_h": "i32"},
+            "lses": {"mid_lse_ptr": "*fp32", "stride_ml_b": "i32", "stride_ml_h": "i32"},
         },
     }
 
