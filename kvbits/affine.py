@@ -338,18 +338,20 @@ def _flagged(s, SCALE_MAX: tl.constexpr):
 
 @triton.jit
 def _quantize_kernel(
-    src, codes, scale, zero, errors,
-    heads, src_tokens, capacity, tok_offset,
-    stride_b, stride_h, stride_t, stride_d,
+    source, cache, errors,
+    # the scheme
     D: tl.constexpr, G: tl.constexpr, BITS: tl.constexpr, PER_CHANNEL: tl.constexpr,
     SCALE_FP16: tl.constexpr, FLOOR: tl.constexpr, SCALE_MAX: tl.constexpr, FLAG_ERRORS: tl.constexpr,
-    INTERPRET: tl.constexpr, TOKENS: tl.constexpr, CHANNELS: tl.constexpr, EVEN_TOKENS: tl.constexpr,
+    INTERPRET: tl.constexpr,
+    # the tile
+    TOKENS: tl.constexpr, CHANNELS: tl.constexpr, EVEN_TOKENS: tl.constexpr,
 ):
     """Quantize one [TOKENS, CHANNELS] tile of K (PER_CHANNEL) or V into the cache.
 
-    src:   fp16/bf16/fp32 [B, H, src_tokens, D] (any strides), src_tokens a multiple of G
-    codes: uint8 [B, H, capacity, D*BITS/8]
-    scale, zero: fp16/fp32, K: [B, H, capacity/G, D]; V: [B, H, capacity, D/G]
+    source ``(src, heads, src_tokens, stride_b, stride_h, stride_t, stride_d)``: src fp16/bf16/fp32
+    [B, heads, src_tokens, D] (any strides), src_tokens a multiple of G
+    cache ``(codes, scale, zero, capacity, tok_offset)``: codes uint8 [B, H, capacity, D*BITS/8];
+    scale, zero fp16/fp32, K: [B, H, capacity/G, D], V: [B, H, capacity, D/G]
     errors: int32 [1], set to 1 (FLAG_ERRORS) where a group's scale is NaN (NaN or Inf in the
     group) or beyond SCALE_MAX (the scale dtype overflows); never cleared here
     Tile: K takes TOKENS == G tokens (one group per channel); V takes any power-of-two
@@ -358,6 +360,8 @@ def _quantize_kernel(
     (tok_offset a multiple of G). Grid: (cdiv(src_tokens, TOKENS), D / CHANNELS, B * H).
     Every input element is read once.
     """
+    src, heads, src_tokens, stride_b, stride_h, stride_t, stride_d = source
+    codes, scale, zero, capacity, tok_offset = cache
     pid_t = tl.program_id(0)
     pid_c = tl.program_id(1)
     bh = tl.program_id(2).to(tl.int64)
@@ -463,9 +467,9 @@ def _launch_quantize(x, codes, scale, zero, tok_offset, group_size, bits, per_ch
     grid = (triton.cdiv(t, tile.tokens), d // tile.channels, b * h)
     with on_device(x.device):
         _quantize_kernel[grid](
-            x, codes, scale, zero, codes if errors is None else errors,  # codes: a pointer left unread
-            h, t, codes.shape[2], tok_offset,
-            *x.stride(),
+            source=(x, h, t, *x.stride()),
+            cache=(codes, scale, zero, codes.shape[2], tok_offset),
+            errors=codes if errors is None else errors,  # codes: a pointer left unread
             D=d, G=group_size, BITS=bits, PER_CHANNEL=per_channel,
             SCALE_FP16=scale.dtype == torch.float16, FLOOR=SCALE_FLOOR[scale.dtype],
             SCALE_MAX=torch.finfo(scale.dtype).max, FLAG_ERRORS=errors is not None,
@@ -551,9 +555,10 @@ def _aot_specs() -> list[AotSpec]:
             name = f"quantize_{side}_{_dtype_name(dtype)}_b{bits}_g{group_size}_{_dtype_name(scale_dtype)}"
             stype = _TRITON_TYPES[scale_dtype]
             signature = {
-                "src": _TRITON_TYPES[dtype], "codes": "*u8", "scale": stype, "zero": stype, "errors": "*i32",
-                "heads": "i32", "src_tokens": "i32", "capacity": "i32", "tok_offset": "i32",
-                "stride_b": "i64", "stride_h": "i64", "stride_t": "i64",
+                "source": {"src": _TRITON_TYPES[dtype], "heads": "i32", "src_tokens": "i32", "stride_b": "i64",
+                           "stride_h": "i64", "stride_t": "i64", "stride_d": "i64"},
+                "cache": {"codes": "*u8", "scale": stype, "zero": stype, "capacity": "i32", "tok_offset": "i32"},
+                "errors": "*i32",
             }
             constexprs = {
                 "stride_d": 1, "D": 128, "G": group_size, "BITS": bits, "PER_CHANNEL": per_channel,

@@ -2,7 +2,9 @@
 
 Each kernel module lists ``AOT_SPECS``: one :class:`AotSpec` per kernel
 specialization worth compiling (signature types as Triton spells them, e.g.
-``"*u8"``, ``"*i32"``, ``"i32"``, ``"fp32"``, and constexpr values). The
+``"*u8"``, ``"*i32"``, ``"i32"``, ``"fp32"``; a tuple argument as a dict of its elements'
+types, by the names the kernel unpacks them as, nested as the tuple is) and constexpr values
+(by parameter name, or by the name of a tuple element that a launch specializes as one). The
 interpreter accepts kernels that the compiler rejects, so CI compiles them all
 (``python -m kvbits.aot --arch 80 90 100``). Another package's kernel modules that
 list ``AOT_SPECS`` compile beside these when named with ``--also MODULE``.
@@ -25,12 +27,12 @@ KERNEL_MODULES = ("kvbits.packing", "kvbits.affine", "kvbits.decode.launch", "kv
 class AotSpec:
     name: str
     kernel: object
-    signature: dict
+    signature: dict  # parameter -> type, or for a tuple parameter a dict of its elements (module docstring)
     constexprs: dict = field(default_factory=dict)
     num_warps: int = 4
     num_stages: int = 3
     aligned_pointers: bool = True  # compile as launched with 16-byte aligned tensors
-    divisible_ints: tuple = ()  # int arguments that are multiples of 16 in the launches it stands for
+    divisible_ints: tuple = ()  # int arguments (or tuple elements) that are multiples of 16 in its launches
     maxnreg: int | None = None  # register cap per thread, as the launch passes it (None: the compiler's choice)
 
 
@@ -48,6 +50,25 @@ def collect_specs(modules=KERNEL_MODULES) -> tuple[list[AotSpec], list[str]]:
     return specs, problems
 
 
+def _leaves(name: str, kind, path: tuple):
+    """(index path, name, type) of each pointer or scalar in a signature entry, a tuple argument's
+    elements at the paths by which Triton addresses them (parameter index, then element indices)."""
+    if isinstance(kind, dict):
+        for i, (element, element_kind) in enumerate(kind.items()):
+            yield from _leaves(element, element_kind, (*path, i))
+    else:
+        yield path, name, kind
+
+
+def _triton_type(kind, constexprs: dict):
+    """A signature entry as Triton takes it: a tuple argument as the tuple of its elements' types,
+    an element named in ``constexprs`` as a constexpr."""
+    if isinstance(kind, dict):
+        return tuple("constexpr" if element in constexprs else _triton_type(element_kind, constexprs)
+                     for element, element_kind in kind.items())
+    return kind
+
+
 def compile_spec(spec: AotSpec, arch: int):
     import triton
     from triton.backends.compiler import GPUTarget
@@ -56,15 +77,20 @@ def compile_spec(spec: AotSpec, arch: int):
     kernel = spec.kernel
     if not hasattr(kernel, "fn") or type(kernel).__name__ == "InterpretedFunction":
         raise RuntimeError("AOT compilation needs TRITON_INTERPRET=0 before kernels are imported")
-    signature = dict(spec.signature)
-    for name in spec.constexprs:
-        signature[name] = "constexpr"
+    names = list(kernel.arg_names)
+    leaves = [leaf for arg, kind in spec.signature.items() for leaf in _leaves(arg, kind, (names.index(arg),))]
+    signature = {arg: _triton_type(kind, spec.constexprs) for arg, kind in spec.signature.items()}
+    constexprs = {}
+    for name, value in spec.constexprs.items():
+        path = next((path for path, leaf, _ in leaves if leaf == name and len(path) > 1), None)
+        if path is None:
+            signature[name] = "constexpr"
+        constexprs[name if path is None else path] = value
     # as a launch does for 16-byte aligned tensors (every fresh torch allocation): pointers are
     # specialized as divisible by 16, which is what lets the compiler vectorize their accesses
-    names = list(kernel.arg_names)
-    attrs = {(names.index(arg),): [["tt.divisibility", 16]] for arg, kind in spec.signature.items()
-             if (kind.startswith("*") and spec.aligned_pointers) or arg in spec.divisible_ints}
-    source = ASTSource(fn=kernel, signature=signature, constexprs=dict(spec.constexprs), attrs=attrs)
+    attrs = {path: [["tt.divisibility", 16]] for path, name, kind in leaves if name not in spec.constexprs
+             and ((kind.startswith("*") and spec.aligned_pointers) or name in spec.divisible_ints)}
+    source = ASTSource(fn=kernel, signature=signature, constexprs=constexprs, attrs=attrs)
     options = {"num_warps": spec.num_warps, "num_stages": spec.num_stages}
     if spec.maxnreg:
         options["maxnreg"] = spec.maxnreg

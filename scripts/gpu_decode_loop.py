@@ -66,14 +66,15 @@ def host_breakdown(plan, q, cache) -> dict:
     through the JIT function, an output allocation, the lengths' update."""
     from kvbits.decode.direct_launch import specialization
     from kvbits.decode.kernel import _decode_split_kernel
+    from kvbits.decode.launch import query_group
 
     split = plan._split
     key = specialization(q)
     out = {"direct_launch_engaged": split._runner is not None,
            "append_direct_engaged": any(x._runner is not None for x in cache._appender._launches.values())}
-    out["split_direct"] = host_ms(lambda: split(key, q, q.stride(0), q.stride(1)))
-    out["split_jit"] = host_ms(lambda: _decode_split_kernel[split.grid](q, q.stride(0), q.stride(1), *split.fixed,
-                                                                         **split.options))
+    query = query_group(q)
+    out["split_direct"] = host_ms(lambda: split(key, query))
+    out["split_jit"] = host_ms(lambda: _decode_split_kernel[split.grid](query, *split.fixed, **split.options))
     out["empty"] = host_ms(lambda: torch.empty(plan.shape, dtype=q.dtype, device=q.device))
     lens = cache.seq_lens
     out["lens_add"] = host_ms(lambda: lens.add_(0))

@@ -16,7 +16,7 @@ from .._checks import resolve_backend
 from .._runtime import on_device
 from .checks import check_inputs, check_scale_range, check_served
 from .kernel import _decode_merge_kernel, _decode_split_kernel
-from .launch import fp_parts, merge_launch, partial_buffers, split_launch, split_plan
+from .launch import fp_parts, merge_launch, partial_buffers, query_group, split_launch, split_plan
 from .paged import PagedQuantizedKV, code_tokens, decode_view
 from .reference import reference_decode
 
@@ -29,7 +29,7 @@ def _triton_decode(q, view: PagedQuantizedKV, lens, cache_lens, max_code_len, sm
                              fp_parts(view))
     mid_o, mid_lse = partial_buffers(batch, hq, d, splits + fp_parts(view), q.device)
     grid, args, options = split_launch(view, hq // view.heads, lens, cache_lens, mid_o, mid_lse, sm_scale, splits, per)
-    _decode_split_kernel[grid](q, q.stride(0), q.stride(1), *args, **options)
+    _decode_split_kernel[grid](query_group(q), **args, **options)
     grid, args, options = merge_launch(mid_o, mid_lse, out.stride()[:2])
     _decode_merge_kernel[grid](mid_o, mid_lse, out, *args, **options)
     return out

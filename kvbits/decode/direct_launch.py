@@ -5,8 +5,9 @@ every time. Triton's JIT launch specializes every argument on each call (tens of
 of host time for 45 arguments); :class:`Launch` does that once: after the first call through the
 JIT function has compiled the kernel, it calls the compiled kernel's launch function
 (``CompiledKernel.run``, as ``CompiledKernel[grid]`` does, without its per-call lookups of the
-device and launch metadata) with the arguments in parameter order, as long as the per-call
-arguments specialize as they did then (the key the caller passes). With Triton's launch hooks
+device and launch metadata) with the arguments in parameter order (a tuple argument as a tuple,
+as the launcher takes it), as long as the per-call arguments specialize as they did then (the key
+the caller passes). With Triton's launch hooks
 set (a profiler) it goes through ``CompiledKernel[grid]``, so that they see every launch. Where a
 Triton release's launcher takes its arguments otherwise (a TypeError), it goes back to the JIT
 launch for good.
@@ -21,10 +22,13 @@ from .._runtime import triton_interpreted
 
 class Launch:
     """One kernel launch whose arguments are fixed but for the first few, given per call with a
-    key of how the compiler specializes them (pointer alignment, strides)."""
+    key of how the compiler specializes them (pointer alignment, strides). ``fixed``: the
+    arguments after those, in parameter order (a tuple) or by parameter name (a dict)."""
 
-    def __init__(self, kernel, grid, fixed: tuple, options: dict):
-        self.kernel, self.grid, self.fixed, self.options = kernel, grid, fixed, options
+    def __init__(self, kernel, grid, fixed: tuple | dict, options: dict):
+        # named fixed arguments travel with the constexprs, which the launch also passes by name
+        self.fixed, self.options = ((), {**fixed, **options}) if isinstance(fixed, dict) else (fixed, options)
+        self.kernel, self.grid = kernel, grid
         self._runner = None  # (key, a function launching the compiled kernel on the per-call arguments)
         self._direct = not triton_interpreted()  # False once a release's launcher turned the call down
 
@@ -44,7 +48,10 @@ class Launch:
 
 
 def _address(arg):
-    """A tensor argument as its device address (an int the launcher takes as it is); others as given."""
+    """A tensor argument as its device address (an int the launcher takes as it is), a tuple
+    argument with its tensors so; others as given."""
+    if isinstance(arg, tuple):
+        return tuple(map(_address, arg))
     return arg.data_ptr() if isinstance(arg, torch.Tensor) else arg
 
 
@@ -56,9 +63,9 @@ def specialization(t: torch.Tensor) -> tuple:
 
 def _compiled_runner(kernel, compiled, grid, given: int, fixed: tuple, options: dict):
     """A function launching ``compiled`` on the current stream of the device it was compiled on
-    with the per-call arguments (a tuple of ``given``), the ``fixed`` ones and the constexprs in
-    ``options``; None where the release or mode offers no compiled launcher (the
-    interpreter) or a parameter after the positional ones is no constexpr of ``options``."""
+    with the per-call arguments (a tuple of ``given``), the ``fixed`` ones and the named ones in
+    ``options`` (constexprs and named fixed arguments); None where the release or mode offers no
+    compiled launcher (the interpreter) or a parameter after the positional ones is not in ``options``."""
     names = getattr(kernel, "arg_names", None)
     if names is None or not hasattr(compiled, "__getitem__") or not hasattr(compiled, "packed_metadata"):
         return None
@@ -68,9 +75,9 @@ def _compiled_runner(kernel, compiled, grid, given: int, fixed: tuple, options: 
     import triton
     from triton.runtime import driver
 
-    # the fixed tensors as their addresses (Launch.fixed keeps them alive): the launcher then skips
+    # the fixed tensors as their addresses (the Launch keeps them alive): the launcher then skips
     # a method call and a driver query per tensor
-    tail = (*map(_address, fixed), *(options[name] for name in rest))
+    tail = tuple(map(_address, (*fixed, *(options[name] for name in rest))))
     through_hooks = compiled[grid]
     run, packed = compiled.run, compiled.packed_metadata  # run first: it loads the module and function
     function, device, hooks = compiled.function, torch.cuda.current_device(), triton.knobs.runtime

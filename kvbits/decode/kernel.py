@@ -419,13 +419,13 @@ def _v_group(acc, zacc, p, alpha, v, s, z, HALF: tl.constexpr, VCOLS: tl.constex
 
 @triton.jit
 def _tile_params(
-    cache, b, h, page, page_idx, off, t0, live, code_len, D: tl.constexpr, G: tl.constexpr,
+    pool, h, page, page_idx, off, t0, live, code_len, D: tl.constexpr, G: tl.constexpr,
     BLOCK_T: tl.constexpr, SCALE_WORDS: tl.constexpr,
 ):
-    """(page, offset, K scale and zero [D] per channel, V scales and zeros (tuples of D / G [T],
-    one per channel group), page_idx) of the tile at token t0 of its sequence, token off of its page_idx-th
-    block-table entry (page, _page), from the cache tuple (_cache_tuple), as loaded (masked tokens read
-    as 0): widened to fp32 only where the tile is attended (_tile_scales), a tile later, so that
+    """The fetched tile at token t0 of its sequence, token off of its page_idx-th block-table entry
+    (page, _page): its position (page, page_idx, off) and its scales (K scale and zero [D] per
+    channel, V scales and zeros: tuples of D / G [T], one per channel group) as loaded (masked
+    tokens read as 0): widened to fp32 only where the tile is attended (_tile_scales), a tile later, so that
     nothing waits on these loads in the tile that issues them. SCALE_WORDS (16-bit scales, two V
     groups per token, 4-byte aligned rows, scale_words): K scales and zeros come as uint32
     [D / 4, 2] words of two channels, each token's two V scales (and zeros) as one uint32 word
@@ -433,8 +433,9 @@ def _tile_params(
     Loaded one tile ahead of their use by plain loads (the code words come through the compiler's
     pipelined asynchronous copies)."""
     NGV: tl.constexpr = D // G
-    ks_ptr, kz_ptr, stride_ks_p, stride_ks_h, stride_ks_g = cache[4], cache[5], cache[6], cache[7], cache[8]
-    vs_ptr, vz_ptr, stride_vs_p, stride_vs_h, stride_vs_t = cache[13], cache[14], cache[15], cache[16], cache[17]
+    k_words, k_scales, v_words, v_scales, pages = pool
+    ks_ptr, kz_ptr, stride_ks_p, stride_ks_h, stride_ks_g = k_scales
+    vs_ptr, vz_ptr, stride_vs_p, stride_vs_h, stride_vs_t = v_scales
     d = tl.arange(0, D)
     tt = tl.arange(0, BLOCK_T)
     krow = page * stride_ks_p + h * stride_ks_h + (off // G) * stride_ks_g
@@ -463,21 +464,22 @@ def _tile_params(
         for g in tl.static_range(1, NGV):
             vs = vs + (tl.load(vs_ptr + vbase + g, mask=valid, other=0.0),)
             vz = vz + (tl.load(vz_ptr + vbase + g, mask=valid, other=0.0),)
-    return page, off, ks, kz, vs, vz, page_idx
+    return (page, page_idx, off), (ks, kz, vs, vz)
 
 
 @triton.jit
-def _page(cache, b, page_idx, live):
+def _page(pages, b, page_idx, live):
     """Block-table entry page_idx of sequence b (0 where not live), as int64."""
-    bt_ptr, stride_bt_b = cache[18], cache[19]
+    bt_ptr, stride_bt_b, table_cols, page_size = pages
     return tl.load(bt_ptr + b * stride_bt_b + page_idx, mask=live, other=0).to(tl.int64)
 
 
 @triton.jit
-def _code_length(lens_ptr, cache_lens_ptr, b, G: tl.constexpr, SINKS: tl.constexpr, WINDOW: tl.constexpr):
+def _code_length(lengths, b, G: tl.constexpr, SINKS: tl.constexpr, WINDOW: tl.constexpr):
     """(tokens attended, end of those attended from codes, tokens in whole groups) of sequence b:
     codes are attended from SINKS on, up to the length or the window before the partial group
     (twin: kvbits.decode.paged.code_end)."""
+    lens_ptr, cache_lens_ptr = lengths
     length = tl.load(lens_ptr + b)
     full = (tl.load(cache_lens_ptr + b) // G) * G
     return length, tl.maximum(tl.minimum(length, full - WINDOW), SINKS), full
@@ -527,10 +529,10 @@ def _channel_pairs(w, SDT: tl.constexpr, INTERPRET: tl.constexpr):
 
 
 @triton.jit
-def _tile_scales(params, SDT: tl.constexpr, NGV: tl.constexpr, SCALE_WORDS: tl.constexpr, INTERPRET: tl.constexpr):
+def _tile_scales(scales, SDT: tl.constexpr, NGV: tl.constexpr, SCALE_WORDS: tl.constexpr, INTERPRET: tl.constexpr):
     """A tile's scales and zeros as _tile_params loaded them -> fp32 (ks, kz [D]; vs, vz: tuples of
     NGV [T], one per V channel group)."""
-    ks, kz, vs, vz = params[2], params[3], params[4], params[5]
+    ks, kz, vs, vz = scales
     if SCALE_WORDS:
         ks = _channel_pairs(ks, SDT, INTERPRET)
         kz = _channel_pairs(kz, SDT, INTERPRET)
@@ -549,25 +551,14 @@ def _tile_scales(params, SDT: tl.constexpr, NGV: tl.constexpr, SCALE_WORDS: tl.c
 
 
 @triton.jit
-def _cache_tuple(kw_ptr, stride_kw_p, stride_kw_h, stride_kw_t, ks_ptr, kz_ptr, stride_ks_p, stride_ks_h, stride_ks_g,
-                 vw_ptr, stride_vw_p, stride_vw_h, stride_vw_t, vs_ptr, vz_ptr, stride_vs_p, stride_vs_h, stride_vs_t,
-                 bt_ptr, stride_bt_b, page_size):
-    """The code cache's pointers and strides as one tuple, in this order (read by index in
-    _tile_params and _code_tile)."""
-    return (kw_ptr, stride_kw_p, stride_kw_h, stride_kw_t, ks_ptr, kz_ptr, stride_ks_p, stride_ks_h, stride_ks_g,
-            vw_ptr, stride_vw_p, stride_vw_h, stride_vw_t, vs_ptr, vz_ptr, stride_vs_p, stride_vs_h, stride_vs_t,
-            bt_ptr, stride_bt_b, page_size)
-
-
-@triton.jit
 def _code_tile(
-    state, params, cache, q32, h, tile, code_len, HALF: tl.constexpr, VCOLS: tl.constexpr, D: tl.constexpr,
+    state, fetched, pool, q32, h, tile, code_len, HALF: tl.constexpr, VCOLS: tl.constexpr, D: tl.constexpr,
     G: tl.constexpr, BITS: tl.constexpr, CLASSES: tl.constexpr, SCALE_WORDS: tl.constexpr, BLOCK_T: tl.constexpr,
     WARPS: tl.constexpr, INTERPRET: tl.constexpr, MASKED: tl.constexpr,
 ):
     """Attend one tile of BLOCK_T quantized tokens (one page, one K scale group) and return the
     softmax state (m, l_acc, accs, zaccs: one V accumulator and zero sum per channel group);
-    params are the tile's (_tile_params).
+    fetched is the tile's position and scales (_tile_params).
     MASKED: the tile may end past code_len (the sequence's last code tile), whose logits beyond
     it are -inf.
 
@@ -583,10 +574,13 @@ def _code_tile(
     """
     NGV: tl.constexpr = D // G
     m, l_acc, accs, zaccs = state
-    page, off = params[0], params[1]
-    ks, kz, vs, vz = _tile_scales(params, cache[4].dtype.element_ty, NGV, SCALE_WORDS, INTERPRET)
-    kw_ptr, stride_kw_p, stride_kw_h, stride_kw_t = cache[0], cache[1], cache[2], cache[3]
-    vw_ptr, stride_vw_p, stride_vw_h, stride_vw_t = cache[9], cache[10], cache[11], cache[12]
+    position, scales = fetched
+    page, page_idx, off = position
+    k_words, k_scales, v_words, v_scales, pages = pool
+    kw_ptr, stride_kw_p, stride_kw_h, stride_kw_t = k_words
+    vw_ptr, stride_vw_p, stride_vw_h, stride_vw_t = v_words
+    ks_ptr, kz_ptr, stride_ks_p, stride_ks_h, stride_ks_g = k_scales
+    ks, kz, vs, vz = _tile_scales(scales, ks_ptr.dtype.element_ty, NGV, SCALE_WORDS, INTERPRET)
     kinv = _class_factors(tl.arange(0, D), BITS, CLASSES)[1]  # q32 carries the factors (_code_partial)
     qs, bias = _fold_k_scales(q32, ks, kz * kinv, HALF, D, INTERPRET)
     kptr = kw_ptr + page * stride_kw_p + h * stride_kw_h + (off // BLOCK_T) * stride_kw_t
@@ -615,49 +609,54 @@ def _code_tile(
 
 
 @triton.jit
-def _store_partial(mid_o_ptr, b, heads, split, stride_mo_b, stride_mo_h, stride_mo_s, out, col0, keep,
-                   X: tl.constexpr):
+def _store_partial(partials, b, heads, split, out, col0, keep, X: tl.constexpr):
+    mid_o_ptr, stride_mo_b, stride_mo_h, stride_mo_s = partials
     cols = col0 + tl.arange(0, X)
     ptrs = mid_o_ptr + b * stride_mo_b + heads[:, None] * stride_mo_h + split * stride_mo_s + cols[None, :]
     tl.store(ptrs, out, mask=keep[:, None])
 
 
 @triton.jit
-def _store_lse(mid_lse_ptr, b, heads, split, stride_ml_b, stride_ml_h, m, l, keep):
+def _store_lse(lses, b, heads, split, m, l, keep):
+    mid_lse_ptr, stride_ml_b, stride_ml_h = lses
     lse = tl.where(l > 0.0, m + tl.log2(tl.where(l > 0.0, l, 1.0)), float("-inf"))
     tl.store(mid_lse_ptr + b * stride_ml_b + heads * stride_ml_h + split, lse, mask=keep)
 
 
 @triton.jit
 def _tile_step(
-    state, params, cache, q32, b, h, tile, t_end, code_len, HALF: tl.constexpr, VCOLS: tl.constexpr,
+    state, fetched, pool, q32, b, h, tile, t_end, code_len, HALF: tl.constexpr, VCOLS: tl.constexpr,
     D: tl.constexpr, G: tl.constexpr, BITS: tl.constexpr, CLASSES: tl.constexpr, SCALE_WORDS: tl.constexpr,
     BLOCK_T: tl.constexpr, WARPS: tl.constexpr, INTERPRET: tl.constexpr, MASKED: tl.constexpr,
 ):
     """One step of a split's tile loop: fetch the next tile's page and scales, attend this tile
-    (whose page and scales, params, the previous step fetched). Returns the softmax state and
-    the next tile's parameters."""
-    page_idx, off = _next_position(params[6], params[1], cache[20], BLOCK_T)
+    (whose position and scales, fetched, the previous step loaded). Returns the softmax state and
+    the next tile's fetched position and scales."""
+    k_words, k_scales, v_words, v_scales, pages = pool
+    bt_ptr, stride_bt_b, table_cols, page_size = pages
+    position, scales = fetched
+    page, page_idx, off = position
+    next_idx, next_off = _next_position(page_idx, off, page_size, BLOCK_T)
     live = tile + 1 < t_end
-    nxt = _tile_params(cache, b, h, _page(cache, b, page_idx, live), page_idx, off, (tile + 1) * BLOCK_T, live,
+    nxt = _tile_params(pool, h, _page(pages, b, next_idx, live), next_idx, next_off, (tile + 1) * BLOCK_T, live,
                        code_len, D, G, BLOCK_T, SCALE_WORDS)
-    state = _code_tile(state, params, cache, q32, h, tile, code_len, HALF, VCOLS, D, G, BITS, CLASSES, SCALE_WORDS,
+    state = _code_tile(state, fetched, pool, q32, h, tile, code_len, HALF, VCOLS, D, G, BITS, CLASSES, SCALE_WORDS,
                        BLOCK_T, WARPS, INTERPRET, MASKED)
     return state, nxt
 
 
 @triton.jit
 def _code_partial(
-    q_ptr, stride_qb, stride_qh, kw_ptr, stride_kw_p, stride_kw_h, stride_kw_t,
-    ks_ptr, kz_ptr, stride_ks_p, stride_ks_h, stride_ks_g, vw_ptr, stride_vw_p, stride_vw_h, stride_vw_t,
-    vs_ptr, vz_ptr, stride_vs_p, stride_vs_h, stride_vs_t, bt_ptr, stride_bt_b,
-    mid_o_ptr, mid_lse_ptr, stride_mo_b, stride_mo_h, stride_mo_s, stride_ml_b, stride_ml_h,
-    b, h, split, lens_ptr, cache_lens_ptr, qk_scale, page_size, tiles_per_split, table_cols,
+    query, qk_scale, pool, lengths, tiles_per_split, output, b, h, split,
     GROUP: tl.constexpr, QROWS: tl.constexpr, COLS: tl.constexpr, VCOLS: tl.constexpr, D: tl.constexpr,
     G: tl.constexpr, BITS: tl.constexpr, CLASSES: tl.constexpr, SCALE_WORDS: tl.constexpr, BLOCK_T: tl.constexpr,
     SINKS: tl.constexpr, WINDOW: tl.constexpr, WARPS: tl.constexpr, INTERPRET: tl.constexpr,
 ):
     """Attend the split's tiles of quantized tokens and store its partial output and lse."""
+    q_ptr, stride_qb, stride_qh = query
+    k_words, k_scales, v_words, v_scales, pages = pool
+    bt_ptr, stride_bt_b, table_cols, page_size = pages
+    partials, lses = output
     NGV: tl.constexpr = D // G
     HALF: tl.constexpr = COLS // 2
     # q32 [D, QROWS], one head per column (heads padded by repeats), from a channel-major load:
@@ -668,9 +667,6 @@ def _code_partial(
     head = (flat % QROWS) % GROUP
     q = tl.load(q_ptr + b * stride_qb + (h * GROUP + head) * stride_qh + channel)
     q32 = tl.reshape(q.to(tl.float32) * qk_scale * _class_factors(channel, BITS, CLASSES)[0], [D, QROWS])
-    cache = _cache_tuple(kw_ptr, stride_kw_p, stride_kw_h, stride_kw_t, ks_ptr, kz_ptr, stride_ks_p, stride_ks_h,
-                         stride_ks_g, vw_ptr, stride_vw_p, stride_vw_h, stride_vw_t, vs_ptr, vz_ptr, stride_vs_p,
-                         stride_vs_h, stride_vs_t, bt_ptr, stride_bt_b, page_size)
     # one V accumulator and zero-point sum per channel group
     accs, zaccs = (tl.zeros([G, VCOLS], tl.float32),) * NGV, (tl.zeros([HALF], tl.float32),) * NGV
     state = (tl.full([HALF], float("-inf"), tl.float32), tl.zeros([BLOCK_T, HALF], tl.float32), accs, zaccs)
@@ -680,36 +676,35 @@ def _code_partial(
     # the first page is read before the sequence's length, bounded by the block table's width
     # alone, so that the two loads go out together (past the length, its scales and codes are
     # not read)
-    page = _page(cache, b, page_idx, page_idx < table_cols)
-    code_len = _code_length(lens_ptr, cache_lens_ptr, b, G, SINKS, WINDOW)[1]
+    page = _page(pages, b, page_idx, page_idx < table_cols)
+    code_len = _code_length(lengths, b, G, SINKS, WINDOW)[1]
     t_end = tl.minimum(t_begin + tiles_per_split, (code_len + BLOCK_T - 1) // BLOCK_T)
-    params = _tile_params(cache, b, h, page, page_idx, t0 - page_idx * page_size, t0, t_begin < t_end, code_len,
-                          D, G, BLOCK_T, SCALE_WORDS)
+    fetched = _tile_params(pool, h, page, page_idx, t0 - page_idx * page_size, t0, t_begin < t_end, code_len,
+                           D, G, BLOCK_T, SCALE_WORDS)
     # Tiles before t_whole hold code_len's tokens throughout and skip the token mask; at most the
     # split's last tile (the sequence's last code tile) ends past code_len.
     t_whole = tl.maximum(t_begin, tl.minimum(t_end, code_len // BLOCK_T))
     if INTERPRET:  # the interpreter cannot run range() over run-time bounds
         tile = t_begin
         while tile < t_whole:
-            state, params = _tile_step(state, params, cache, q32, b, h, tile, t_end, code_len, HALF, VCOLS, D, G, BITS,
-                                       CLASSES, SCALE_WORDS, BLOCK_T, WARPS, INTERPRET, False)
+            state, fetched = _tile_step(state, fetched, pool, q32, b, h, tile, t_end, code_len, HALF, VCOLS, D, G,
+                                        BITS, CLASSES, SCALE_WORDS, BLOCK_T, WARPS, INTERPRET, False)
             tile += 1
     else:  # a for loop: the compiler software-pipelines its loads (NUM_STAGES)
         for tile in range(t_begin, t_whole):
-            state, params = _tile_step(state, params, cache, q32, b, h, tile, t_end, code_len, HALF, VCOLS, D, G, BITS,
-                                       CLASSES, SCALE_WORDS, BLOCK_T, WARPS, INTERPRET, False)
+            state, fetched = _tile_step(state, fetched, pool, q32, b, h, tile, t_end, code_len, HALF, VCOLS, D, G,
+                                        BITS, CLASSES, SCALE_WORDS, BLOCK_T, WARPS, INTERPRET, False)
     if t_whole < t_end:  # the last code tile, partly past code_len: masked
-        state, params = _tile_step(state, params, cache, q32, b, h, t_whole, t_end, code_len, HALF, VCOLS, D, G, BITS,
-                                   CLASSES, SCALE_WORDS, BLOCK_T, WARPS, INTERPRET, True)
+        state, fetched = _tile_step(state, fetched, pool, q32, b, h, t_whole, t_end, code_len, HALF, VCOLS, D, G,
+                                    BITS, CLASSES, SCALE_WORDS, BLOCK_T, WARPS, INTERPRET, True)
     m, l_acc, accs, zaccs = state
     l = tl.sum(l_acc, 0)
     inv = 1.0 / tl.where(l > 0.0, l, 1.0)
     heads = tl.arange(0, HALF)
     for g in tl.static_range(NGV):  # channel group g: channels [g G, (g + 1) G)
         out = tl.trans(_head_part(accs[g], G, HALF, VCOLS)) * UNIT_INV - zaccs[g][:, None]
-        _store_partial(mid_o_ptr, b, h * GROUP + heads, split, stride_mo_b, stride_mo_h, stride_mo_s,
-                       out * inv[:, None], g * G, heads < GROUP, G)
-    _store_lse(mid_lse_ptr, b, h * GROUP + heads, split, stride_ml_b, stride_ml_h, m, l, heads < GROUP)
+        _store_partial(partials, b, h * GROUP + heads, split, out * inv[:, None], g * G, heads < GROUP, G)
+    _store_lse(lses, b, h * GROUP + heads, split, m, l, heads < GROUP)
 
 
 @triton.jit
@@ -724,16 +719,19 @@ def _fp_rows(state, q, k_ptr, v_ptr, base, rows, ok, stride_t, qk_scale, D: tl.c
 
 @triton.jit
 def _residual_partial(
-    q_ptr, stride_qb, stride_qh, kr_ptr, vr_ptr, stride_r_b, stride_r_h, stride_r_t,
-    ksink_ptr, vsink_ptr, stride_sink_b, stride_sink_h, stride_sink_t,
-    mid_o_ptr, mid_lse_ptr, stride_mo_b, stride_mo_h, stride_mo_s, stride_ml_b, stride_ml_h,
-    b, h, split, part, length, full, qk_scale, GROUP: tl.constexpr, COLS: tl.constexpr, D: tl.constexpr,
+    query, fp_rows, output, b, h, split, part, length, full, qk_scale,
+    GROUP: tl.constexpr, COLS: tl.constexpr, D: tl.constexpr,
     G: tl.constexpr, SINKS: tl.constexpr, RING: tl.constexpr, WINDOW: tl.constexpr, INTERPRET: tl.constexpr,
 ):
     """Attend part ``part`` of the fp tokens, G rows 16 at a time, and store its partial: part p <
     SINKS / G the sinks' rows [p G, (p + 1) G), the others G of the ring's positions from
     max(SINKS, full - WINDOW) to the length (row position % RING) each. The products run in q's
     dtype on the tensor cores (fp32 in the interpreter, whose bf16 arithmetic is off)."""
+    q_ptr, stride_qb, stride_qh = query
+    ring, sinks = fp_rows
+    kr_ptr, vr_ptr, stride_r_b, stride_r_h, stride_r_t = ring
+    ksink_ptr, vsink_ptr, stride_sink_b, stride_sink_h, stride_sink_t = sinks
+    partials, lses = output
     HALF: tl.constexpr = COLS // 2
     DOT: tl.constexpr = tl.float32 if INTERPRET else q_ptr.dtype.element_ty
     MR: tl.constexpr = 16 if HALF < 16 else HALF
@@ -756,38 +754,50 @@ def _residual_partial(
                 state = _fp_rows(state, q, kr_ptr, vr_ptr, b * stride_r_b + h * stride_r_h, pos % RING,
                                  pos < length, stride_r_t, qk_scale, D, DOT)
     m, l, acc = state
-    _store_partial(mid_o_ptr, b, h * GROUP + heads, split, stride_mo_b, stride_mo_h, stride_mo_s,
-                   acc / tl.where(l > 0.0, l, 1.0)[:, None], 0, heads < GROUP, D)
-    _store_lse(mid_lse_ptr, b, h * GROUP + heads, split, stride_ml_b, stride_ml_h, m, l, heads < GROUP)
+    _store_partial(partials, b, h * GROUP + heads, split, acc / tl.where(l > 0.0, l, 1.0)[:, None], 0,
+                   heads < GROUP, D)
+    _store_lse(lses, b, h * GROUP + heads, split, m, l, heads < GROUP)
 
 
 @triton.jit
 def _decode_split_kernel(
-    q_ptr, stride_qb, stride_qh,
-    kw_ptr, stride_kw_p, stride_kw_h, stride_kw_t,
-    ks_ptr, kz_ptr, stride_ks_p, stride_ks_h, stride_ks_g,
-    vw_ptr, stride_vw_p, stride_vw_h, stride_vw_t,
-    vs_ptr, vz_ptr, stride_vs_p, stride_vs_h, stride_vs_t,
-    kr_ptr, vr_ptr, stride_r_b, stride_r_h, stride_r_t,
-    ksink_ptr, vsink_ptr, stride_sink_b, stride_sink_h, stride_sink_t,
-    bt_ptr, stride_bt_b, table_cols,
-    lens_ptr, cache_lens_ptr,
-    mid_o_ptr, mid_lse_ptr, stride_mo_b, stride_mo_h, stride_mo_s, stride_ml_b, stride_ml_h,
-    qk_scale, page_size, num_splits, tiles_per_split,
+    query, qk_scale, pool, fp_rows, lengths, plan, output,
+    # the query heads and the head dimension
     GROUP: tl.constexpr, QROWS: tl.constexpr, COLS: tl.constexpr, VCOLS: tl.constexpr, D: tl.constexpr,
+    # the code tiles
     G: tl.constexpr, BITS: tl.constexpr, CLASSES: tl.constexpr, SCALE_WORDS: tl.constexpr, BLOCK_T: tl.constexpr,
-    SINKS: tl.constexpr, RING: tl.constexpr, WARPS: tl.constexpr, INTERPRET: tl.constexpr,
+    # the fp rows
+    SINKS: tl.constexpr, RING: tl.constexpr,
+    # the launch
+    WARPS: tl.constexpr, INTERPRET: tl.constexpr,
 ):
     """Partial attention of one split of one (sequence, kv head).
 
-    q [B, Hq, D] fp16/bf16; k_words, v_words int32 [NP, H, P/BLOCK_T, W] (tiles, kvbits.decode.layout);
-    k_scale/k_zero [NP, H, P/G, D]; v_scale/v_zero [NP, H, P, D/G]; k/v_residual [B, H, RING, D]
-    (the fp ring: the partial group and a window of RING - G tokens before it); k/v_sink [B, H,
-    SINKS, D] (the first tokens in fp; any pointer when SINKS = 0); block_table int32 [B,
-    table_cols]; lens, cache_lens int32 [B] (attended length, cache length). Codes are attended
-    from SINKS (a multiple of BLOCK_T) on (_code_length). Writes mid_o fp32 [B, Hq, splits+parts, D]
-    (normalized) and mid_lse fp32 [B, Hq, splits+parts] (log2-sum-exp, -inf when the split is
-    empty). Programs ``splits`` on attend the fp tokens, G rows each: (SINKS + RING) / G parts
+    Arguments come in groups, each a tuple (nested where a group has parts), unpacked by name by
+    the functions that read them:
+
+    - query ``(q_ptr, stride_qb, stride_qh)``: q [B, Hq, D] fp16/bf16, unit stride along D;
+      qk_scale = sm_scale * log2(e).
+    - pool, the paged code cache ``(k_words, k_scales, v_words, v_scales, pages)``:
+      k_words, v_words ``(kw_ptr, stride_kw_p, stride_kw_h, stride_kw_t)``: int32
+      [NP, H, P/BLOCK_T, W] (tiles, kvbits.decode.layout); k_scales ``(ks_ptr, kz_ptr, stride_ks_p,
+      stride_ks_h, stride_ks_g)``: K scales and zeros [NP, H, P/G, D], one set of strides for both;
+      v_scales ``(vs_ptr, vz_ptr, stride_vs_p, stride_vs_h, stride_vs_t)``: V scales and zeros
+      [NP, H, P, D/G]; pages ``(bt_ptr, stride_bt_b, table_cols, page_size)``: the block
+      table int32 [B, table_cols] and P, the tokens of a page.
+    - fp_rows ``(ring, sinks)``: ring ``(kr_ptr, vr_ptr, stride_r_b, stride_r_h, stride_r_t)``,
+      k/v_residual [B, H, RING, D] (the partial group and a window of RING - G tokens before it);
+      sinks ``(ksink_ptr, vsink_ptr, stride_sink_b, stride_sink_h, stride_sink_t)``, k/v_sink
+      [B, H, SINKS, D] (the first tokens in fp; any pointers when SINKS = 0).
+    - lengths ``(lens_ptr, cache_lens_ptr)``: int32 [B], attended length and cache length.
+    - plan ``(num_splits, tiles_per_split)``: the split plan (kvbits.decode.launch.split_plan).
+    - output ``(partials, lses)``: partials ``(mid_o_ptr, stride_mo_b, stride_mo_h, stride_mo_s)``,
+      mid_o fp32 [B, Hq, splits+parts, D] (normalized); lses ``(mid_lse_ptr, stride_ml_b,
+      stride_ml_h)``, mid_lse fp32 [B, Hq, splits+parts] (log2-sum-exp, -inf when the split is
+      empty).
+
+    Codes are attended from SINKS (a multiple of BLOCK_T) on (_code_length). Programs
+    ``num_splits`` on attend the fp tokens, G rows each: (SINKS + RING) / G parts
     (_residual_partial).
     GROUP = Hq / Hkv; QROWS = fold_rows(GROUP); COLS = mma_columns(GROUP); VCOLS = weight_columns(GROUP);
     CLASSES = code_classes(BLOCK_T);
@@ -797,21 +807,15 @@ def _decode_split_kernel(
     split = tl.program_id(0)
     h = tl.program_id(1)
     b = tl.program_id(2).to(tl.int64)
+    num_splits, tiles_per_split = plan
     if split < num_splits:
-        _code_partial(
-            q_ptr, stride_qb, stride_qh, kw_ptr, stride_kw_p, stride_kw_h, stride_kw_t,
-            ks_ptr, kz_ptr, stride_ks_p, stride_ks_h, stride_ks_g, vw_ptr, stride_vw_p, stride_vw_h, stride_vw_t,
-            vs_ptr, vz_ptr, stride_vs_p, stride_vs_h, stride_vs_t, bt_ptr, stride_bt_b,
-            mid_o_ptr, mid_lse_ptr, stride_mo_b, stride_mo_h, stride_mo_s, stride_ml_b, stride_ml_h,
-            b, h, split, lens_ptr, cache_lens_ptr, qk_scale, page_size, tiles_per_split, table_cols,
-            GROUP, QROWS, COLS, VCOLS, D, G, BITS, CLASSES, SCALE_WORDS, BLOCK_T, SINKS, WINDOW, WARPS, INTERPRET)
+        _code_partial(query, qk_scale, pool, lengths, tiles_per_split, output, b, h, split,
+                      GROUP, QROWS, COLS, VCOLS, D, G, BITS, CLASSES, SCALE_WORDS, BLOCK_T, SINKS, WINDOW, WARPS,
+                      INTERPRET)
     else:
-        length, _, full = _code_length(lens_ptr, cache_lens_ptr, b, G, SINKS, WINDOW)
-        _residual_partial(
-            q_ptr, stride_qb, stride_qh, kr_ptr, vr_ptr, stride_r_b, stride_r_h, stride_r_t,
-            ksink_ptr, vsink_ptr, stride_sink_b, stride_sink_h, stride_sink_t,
-            mid_o_ptr, mid_lse_ptr, stride_mo_b, stride_mo_h, stride_mo_s, stride_ml_b, stride_ml_h,
-            b, h, split, split - num_splits, length, full, qk_scale, GROUP, COLS, D, G, SINKS, RING, WINDOW, INTERPRET)
+        length, _, full = _code_length(lengths, b, G, SINKS, WINDOW)
+        _residual_partial(query, fp_rows, output, b, h, split, split - num_splits, length, full, qk_scale,
+                          GROUP, COLS, D, G, SINKS, RING, WINDOW, INTERPRET)
 
 
 @triton.jit

@@ -134,24 +134,33 @@ def partial_buffers(batch: int, q_heads: int, d: int, parts: int, device) -> tup
     return mid_o, mid_lse
 
 
+def query_group(q: torch.Tensor) -> tuple:
+    """The split kernel's query argument: q [B, Hq, D] (unit stride along D) and its two strides."""
+    return q, q.stride(0), q.stride(1)
+
+
 def split_launch(view: PagedQuantizedKV, group: int, lens: torch.Tensor, cache_lens: torch.Tensor,
                  mid_o: torch.Tensor, mid_lse: torch.Tensor, sm_scale: float, splits: int, per: int):
-    """(grid, arguments after q and its two strides, constexpr and launch options) of
-    _decode_split_kernel over ``view`` for ``group`` query heads per kv head."""
+    """(grid, arguments after the query by name, constexpr and launch options) of
+    _decode_split_kernel over ``view`` for ``group`` query heads per kv head (its docstring
+    tells what each argument group holds)."""
     kr, vr = view.k_residual, view.v_residual
     # without sinks the kernel reads no sink row: the ring stands in for their pointers
     ksink, vsink = (view.k_sink, view.v_sink) if view.sinks else (kr, vr)
-    args = (
-        view.k_words, *view.k_words.stride()[:3],
-        view.k_scale, view.k_zero, *view.k_scale.stride()[:3],
-        view.v_words, *view.v_words.stride()[:3],
-        view.v_scale, view.v_zero, *view.v_scale.stride()[:3],
-        kr, vr, *kr.stride()[:3],
-        ksink, vsink, *ksink.stride()[:3],
-        view.block_table, view.block_table.stride(0), view.block_table.shape[1],
-        lens, cache_lens,
-        mid_o, mid_lse, *mid_o.stride()[:3], *mid_lse.stride()[:2],
-        sm_scale * LOG2E, view.page_size, splits, per,
+    pool = (
+        (view.k_words, *view.k_words.stride()[:3]),
+        (view.k_scale, view.k_zero, *view.k_scale.stride()[:3]),
+        (view.v_words, *view.v_words.stride()[:3]),
+        (view.v_scale, view.v_zero, *view.v_scale.stride()[:3]),
+        (view.block_table, view.block_table.stride(0), view.block_table.shape[1], view.page_size),
+    )
+    args = dict(
+        qk_scale=sm_scale * LOG2E,
+        pool=pool,
+        fp_rows=((kr, vr, *kr.stride()[:3]), (ksink, vsink, *ksink.stride()[:3])),
+        lengths=(lens, cache_lens),
+        plan=(splits, per),
+        output=((mid_o, *mid_o.stride()[:3]), (mid_lse, *mid_lse.stride()[:2])),
     )
     options = dict(
         GROUP=group, QROWS=fold_rows(group), COLS=mma_columns(group), VCOLS=weight_columns(group), D=view.head_dim,
@@ -173,21 +182,32 @@ def merge_launch(mid_o: torch.Tensor, mid_lse: torch.Tensor, out_strides: tuple[
 
 # ----------------------------------------------------------------------------- AOT specializations
 def _split_signature(q_type: str, res_type: str, scale_type: str) -> dict:
-    sig = {"q_ptr": q_type, "stride_qb": "i32", "stride_qh": "i32",
-           "kw_ptr": "*i32", "stride_kw_p": "i64", "stride_kw_h": "i32", "stride_kw_t": "i32",
-           "ks_ptr": scale_type, "kz_ptr": scale_type, "stride_ks_p": "i64", "stride_ks_h": "i32",
-           "stride_ks_g": "i32",
-           "vw_ptr": "*i32", "stride_vw_p": "i64", "stride_vw_h": "i32", "stride_vw_t": "i32",
-           "vs_ptr": scale_type, "vz_ptr": scale_type, "stride_vs_p": "i64", "stride_vs_h": "i32",
-           "stride_vs_t": "i32",
-           "kr_ptr": res_type, "vr_ptr": res_type, "stride_r_b": "i32", "stride_r_h": "i32", "stride_r_t": "i32",
-           "ksink_ptr": res_type, "vsink_ptr": res_type, "stride_sink_b": "i32", "stride_sink_h": "i32",
-           "stride_sink_t": "i32",
-           "bt_ptr": "*i32", "stride_bt_b": "i32", "table_cols": "i32", "lens_ptr": "*i32", "cache_lens_ptr": "*i32",
-           "mid_o_ptr": "*fp32", "mid_lse_ptr": "*fp32", "stride_mo_b": "i32", "stride_mo_h": "i32",
-           "stride_mo_s": "i32", "stride_ml_b": "i32", "stride_ml_h": "i32",
-           "qk_scale": "fp32", "page_size": "i32", "num_splits": "i32", "tiles_per_split": "i32"}
-    return sig
+    """The split kernel's argument types, group by group (named as the kernel unpacks them)."""
+    return {
+        "query": {"q_ptr": q_type, "stride_qb": "i32", "stride_qh": "i32"},
+        "qk_scale": "fp32",
+        "pool": {
+            "k_words": {"kw_ptr": "*i32", "stride_kw_p": "i64", "stride_kw_h": "i32", "stride_kw_t": "i32"},
+            "k_scales": {"ks_ptr": scale_type, "kz_ptr": scale_type, "stride_ks_p": "i64", "stride_ks_h": "i32",
+                         "stride_ks_g": "i32"},
+            "v_words": {"vw_ptr": "*i32", "stride_vw_p": "i64", "stride_vw_h": "i32", "stride_vw_t": "i32"},
+            "v_scales": {"vs_ptr": scale_type, "vz_ptr": scale_type, "stride_vs_p": "i64", "stride_vs_h": "i32",
+                         "stride_vs_t": "i32"},
+            "pages": {"bt_ptr": "*i32", "stride_bt_b": "i32", "table_cols": "i32", "page_size": "i32"},
+        },
+        "fp_rows": {
+            "ring": {"kr_ptr": res_type, "vr_ptr": res_type, "stride_r_b": "i32", "stride_r_h": "i32",
+                     "stride_r_t": "i32"},
+            "sinks": {"ksink_ptr": res_type, "vsink_ptr": res_type, "stride_sink_b": "i32", "stride_sink_h": "i32",
+                      "stride_sink_t": "i32"},
+        },
+        "lengths": {"lens_ptr": "*i32", "cache_lens_ptr": "*i32"},
+        "plan": {"num_splits": "i32", "tiles_per_split": "i32"},
+        "output": {
+            "partials": {"mid_o_ptr": "*fp32", "stride_mo_b": "i32", "stride_mo_h": "i32", "stride_mo_s": "i32"},
+            "lses": {"mid_lse_ptr": "*fp32", "stride_ml_b": "i32", "stride_ml_h": "i32"},
+        },
+    }
 
 
 # Multiples of 16 in every launch of the default layouts (D and the page size multiples of 16;

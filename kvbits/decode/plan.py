@@ -24,7 +24,7 @@ from .._runtime import on_device
 from .checks import Q_DTYPES, check_num_splits, check_scale_range, check_served, check_sm_scale
 from .direct_launch import Launch, specialization
 from .kernel import _decode_merge_kernel, _decode_split_kernel
-from .launch import fp_parts, merge_launch, partial_buffers, split_launch, split_plan
+from .launch import fp_parts, merge_launch, partial_buffers, query_group, split_launch, split_plan
 from .paged import PagedQuantizedKV, code_tokens
 
 
@@ -96,7 +96,7 @@ class DecodePlan:
         direct = out is not None and out.is_contiguous()
         result = out if direct else torch.empty(self.shape, dtype=q.dtype, device=q.device)
         with on_device(q.device):
-            self._split(specialization(q), q, q.stride(0), q.stride(1))
+            self._split(specialization(q), query_group(q))
             self._merge(specialization(result), self.mid_o, self.mid_lse, result)
         if out is not None and not direct:
             out.copy_(result)
