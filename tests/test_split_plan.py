@@ -53,6 +53,25 @@ def test_h200_plans(monkeypatch):
     assert _plan(monkeypatch, 132, 32, 512, warps=2) == (24, 22)  # two-warp programs: half the slots
 
 
+def test_fp_programs_take_part_of_the_slots(monkeypatch):
+    """The fp-token programs per pair (fp_parts) come on top of the code splits, two to a slot:
+    the default fp tokens' 4 parts leave 2 slots per pair fewer to the code splits."""
+    monkeypatch.setattr(decode, "sm_count", lambda device: 132)
+    monkeypatch.setattr(decode, "MAX_REGISTERS", 168)
+    monkeypatch.setattr(decode, "SPLIT_PROGRAMS_PER_SM", None)
+    slots = 12 * 132
+    for pairs, tiles in ((32, 509), (64, 509), (32, 2045), (8, 61)):
+        for parts in (1, 2, 3, 4, 6):
+            splits, per = decode.split_plan(pairs, 1, 64 * tiles, 64, CUDA, parts=parts)
+            left = slots - parts // decode.FP_PROGRAMS_PER_SLOT * pairs
+            assert (splits, per) == decode.split_plan(pairs, 1, 64 * tiles, 64, CUDA, num_splits=decode.split_count(
+                pairs, tiles, left)), (pairs, tiles, parts)
+            if left // pairs >= -(-tiles // decode.MAX_SPLIT_TILES):  # one wave: the fp programs' share stays free
+                assert pairs * (splits + parts // decode.FP_PROGRAMS_PER_SLOT) <= slots, (pairs, tiles, parts)
+    assert decode.split_plan(64, 1, 64 * 509, 64, CUDA, parts=4) == (22, 24)  # GQA B8 Hkv8 S32K, the default fp
+    assert decode.split_plan(32, 1, 64 * 509, 64, CUDA, parts=4) == (47, 11)  # B1 H32 S32K
+
+
 def test_fixed_target_and_explicit_counts(monkeypatch):
     monkeypatch.setattr(decode, "sm_count", lambda device: 132)
     monkeypatch.setattr(decode, "SPLIT_PROGRAMS_PER_SM", 24)
