@@ -23,7 +23,9 @@ one group per sequence, and its words are shared by ``shares`` programs per role
 (WORD_SHARES), so that the step that completes a group costs little more than the others;
 chunks take one program per group and role. The group-0 programs then write the chunk's last
 tokens into the ring and its first into the sinks, and the last program of sequence b to finish adds
-its count to ``seq_lens[b]``.
+its count to ``seq_lens[b]``. The kernels take their arguments in named groups (the chunk, the
+pool, the fp rows, the word tables, the per-sequence state), laid out in _append_kernel's
+docstring.
 
 **Values it cannot store.** Every value of a chunk is looked at on the device: a completed
 group's through its scale (NaN or Inf in the group, or a finite value whose scale overflows the
@@ -64,6 +66,7 @@ from ..affine import SCALE_FLOOR, _affine_params_tl, _codes, _flagged, _group_ra
 from ..aot import AotSpec
 from .checks import FP16_MAX
 from .direct_launch import Launch, specialization
+from .launch import fp_rows_group, fp_rows_signature, pool_group, pool_signature
 from .layout import _pack_plan, pack_tile, tile_shape
 from .paged import PagedQuantizedKV
 
@@ -91,11 +94,32 @@ def word_sources(bits: int, role: str, d: int, tile: int, warps: int, device) ->
 
 # ----------------------------------------------------------------------------- Triton kernel
 @triton.jit
-def _group_values(x_ptr, stride_xb, stride_xh, stride_xt, r_ptr, stride_rb, stride_rh, stride_rt,
-                  b, h, start, held, t, c, RING: tl.constexpr):
+def _role_rows(rows, K: tl.constexpr):
+    """K's (K) or V's part of a pair of fp row tensors ``(k_ptr, v_ptr, stride_b, stride_h,
+    stride_t)`` (tokens, ring, sinks): ``(ptr, stride_b, stride_h, stride_t)``, the rows of one
+    role that the helpers below take."""
+    k_ptr, v_ptr, stride_b, stride_h, stride_t = rows
+    return (k_ptr if K else v_ptr), stride_b, stride_h, stride_t
+
+
+@triton.jit
+def _chunk_count(counts, b, RAGGED: tl.constexpr):
+    """Sequence b's tokens in the chunk: counts ``(chunk_ptr, chunk)``, chunk_ptr[b] (RAGGED) or chunk."""
+    chunk_ptr, chunk = counts
+    if RAGGED:
+        return tl.load(chunk_ptr + b)
+    else:
+        return chunk
+
+
+@triton.jit
+def _group_values(chunk, ring, b, h, start, held, t, c, RING: tl.constexpr):
     """Values (fp32) of tokens t (offsets in the group) and channels c of the group that starts at
-    token ``start`` of sequence b, which held ``held`` tokens before this chunk: the ring's (r, row
-    position % RING) below ``held``, the chunk's (x) from there on (t and c broadcast)."""
+    token ``start`` of sequence b, which held ``held`` tokens before this chunk: the ring's (row
+    position % RING) below ``held``, the chunk's from there on (t and c broadcast; chunk and ring
+    one role's rows, _role_rows)."""
+    x_ptr, stride_xb, stride_xh, stride_xt = chunk
+    r_ptr, stride_rb, stride_rh, stride_rt = ring
     pos = start + t
     old = pos < held
     res = tl.load(r_ptr + b * stride_rb + h * stride_rh + (pos % RING) * stride_rt + c, mask=old, other=0.0)
@@ -121,9 +145,10 @@ def _tile_words(words_ptr, table_ptr, flat, tile_base, first, NW: tl.constexpr, 
 
 
 @triton.jit
-def _pages_missing(bt_ptr, stride_bt_b, table_cols, num_pages, b, held, n_new, page_size, G: tl.constexpr):
+def _pages_missing(pages, num_pages, b, held, n_new, G: tl.constexpr):
     """How many block-table entries of sequence b that the groups its chunk completes reach are
     not pages of the pool (0: the chunk can be placed), read PAGE_BLOCK entries at a time."""
+    bt_ptr, stride_bt_b, table_cols, page_size = pages
     first = held // G * G  # the first group the chunk may complete
     end = (held + n_new) // G * G  # past the last group it completes
     entry0 = first // page_size
@@ -152,11 +177,12 @@ def _count_beyond_fp16(s, SCALE_MAX: tl.constexpr, PER_CHANNEL: tl.constexpr):
 
 
 @triton.jit
-def _copy_rows(x_ptr, stride_xb, stride_xh, stride_xt, out_ptr, stride_ob, stride_oh, stride_ot, b, h, held, end,
-             first, rows, period, store, D: tl.constexpr):
+def _copy_rows(chunk, out, b, h, held, end, first, rows, period, store, D: tl.constexpr):
     """Copy (where ``store``) the chunk's tokens among positions first + [0, rows) (those in [held,
-    end)) to the fp rows of sequence b, kv head h: position p at row p % period. Returns where their
-    values are not finite, bool [rows, D]."""
+    end)) to the fp rows ``out`` of sequence b, kv head h: position p at row p % period (chunk and
+    out one role's rows, _role_rows). Returns where their values are not finite, bool [rows, D]."""
+    x_ptr, stride_xb, stride_xh, stride_xt = chunk
+    out_ptr, stride_ob, stride_oh, stride_ot = out
     pos = first + tl.arange(0, rows)
     keep = ((pos >= held) & (pos < end))[:, None]
     c = tl.arange(0, D)[None, :]
@@ -176,45 +202,47 @@ def _not_finite(x):
 
 
 @triton.jit
-def _refuse(err_ptr, arrivals_ptr, bad):
+def _refuse(verdict, bad):
     """Refuse this program's sequence where ``bad`` (bool, a scalar or a tensor; no atomic runs
     where it is all False): ERROR_NOT_FINITE into its error word and REFUSED into its arrivals
-    count, which its last program reads. A tensor's atomics come from several threads: a
-    barrier orders them before the program's arrival."""
+    count, which its last program reads (verdict ``(err_ptr, arrivals_ptr)``, the sequence's). A
+    tensor's atomics come from several threads: a barrier orders them before the program's
+    arrival."""
+    err_ptr, arrivals_ptr = verdict
     at = bad.to(tl.int32) * 0
     tl.atomic_or(err_ptr + at, 2, mask=bad, sem="relaxed")  # ERROR_NOT_FINITE
     tl.atomic_or(arrivals_ptr + at, REFUSED, mask=bad, sem="relaxed")
 
 
 @triton.jit
-def _copy_token(x_ptr, stride_xb, stride_xh, r_ptr, stride_rb, stride_rh, stride_rt, sink_ptr, stride_sink_b,
-                stride_sink_h, stride_sink_t, err_ptr, arrivals_ptr, b, h, held, SINKS: tl.constexpr,
-                RING: tl.constexpr, D: tl.constexpr):
+def _copy_token(chunk, ring, sinks, verdict, b, h, held, SINKS: tl.constexpr, RING: tl.constexpr, D: tl.constexpr):
     """A step's token (one per sequence, at position ``held``) of sequence b, kv head h into its
     ring row and, below SINKS, its sink row, and the sequence refused where it is not finite: the
     one row loaded is the one tested, each thread its own elements (no reduction), and neither row
-    is attended at length ``held``."""
+    is attended at length ``held`` (chunk, ring, sinks one role's rows, _role_rows)."""
+    x_ptr, stride_xb, stride_xh, _ = chunk  # one token: no stride along T
+    r_ptr, stride_rb, stride_rh, stride_rt = ring
+    sink_ptr, stride_sink_b, stride_sink_h, stride_sink_t = sinks
     c = tl.arange(0, D)
     x = tl.load(x_ptr + b * stride_xb + h * stride_xh + c)
     tl.store(r_ptr + b * stride_rb + h * stride_rh + (held % RING) * stride_rt + c, x)
     if SINKS > 0:
         tl.store(sink_ptr + b * stride_sink_b + h * stride_sink_h + held * stride_sink_t + c, x,
                  mask=held + c * 0 < SINKS)
-    _refuse(err_ptr, arrivals_ptr, _not_finite(x))
+    _refuse(verdict, _not_finite(x))
     tl.debug_barrier()  # every thread's refusal before the program's arrival
 
 
 @triton.jit
-def _copy_ring(x_ptr, stride_xb, stride_xh, stride_xt, r_ptr, stride_rb, stride_rh, stride_rt, b, h, held, end, store,
-               G: tl.constexpr, RING: tl.constexpr, D: tl.constexpr):
+def _copy_ring(chunk, ring, b, h, held, end, store, G: tl.constexpr, RING: tl.constexpr, D: tl.constexpr):
     """Copy (where ``store``) the last RING of the chunk's tokens (positions [held, end)) into the ring
-    of sequence b, kv head h (row position % RING); returns how many of their values are not finite."""
+    of sequence b, kv head h (row position % RING; chunk and ring one role's rows, _role_rows);
+    returns how many of their values are not finite."""
     first = tl.maximum(held, end - RING)  # the chunk's first token the ring keeps
     not_finite = tl.zeros([G, D], tl.int1)
     for i in tl.static_range(RING // G):
         if first + i * G < end:  # blocks past the chunk hold none of its tokens (a one-token chunk's: one block)
-            not_finite |= _copy_rows(x_ptr, stride_xb, stride_xh, stride_xt, r_ptr, stride_rb, stride_rh, stride_rt,
-                                     b, h, held, end, first + i * G, G, RING, store, D)
+            not_finite |= _copy_rows(chunk, ring, b, h, held, end, first + i * G, G, RING, store, D)
     return tl.sum(tl.sum(not_finite.to(tl.int32), 1), 0)
 
 
@@ -228,27 +256,36 @@ def _ring_waits(held, end, G: tl.constexpr):
 
 
 @triton.jit
-def _append_role(x_ptr, stride_xb, stride_xh, stride_xt, r_ptr, stride_rb, stride_rh, stride_rt,
-                 sink_ptr, stride_sink_b, stride_sink_h, stride_sink_t,
-                 w_ptr, stride_w_p, stride_w_h, stride_w_t, s_ptr, z_ptr, stride_s_p, stride_s_h, stride_s_r,
-                 table_ptr, err_ptr, arrivals_ptr, b, h, j, share, held, n_new, page_size, bt_ptr, stride_bt_b,
+def _append_role(tokens, fp_rows, pool, tables, verdict, b, h, j, share, held, n_new,
                  D: tl.constexpr, G: tl.constexpr, BITS: tl.constexpr, TILE: tl.constexpr, SINKS: tl.constexpr,
                  RING: tl.constexpr, SHARES: tl.constexpr, WORDS: tl.constexpr, STEP: tl.constexpr,
                  PER_CHANNEL: tl.constexpr, SCALE_FP16: tl.constexpr, FLOOR: tl.constexpr, SCALE_MAX: tl.constexpr,
                  INTERPRET: tl.constexpr):
-    """K (PER_CHANNEL) or V of one program of a chunk whose completed groups all have their pages:
-    quantize the chunk's group j when the chunk completes it (share 0 stores its scales and
-    zeros), write share ``share`` of its tiles' words, and (group 0, share 0) the chunk's last
-    RING tokens into the ring (row position % RING; unless _ring_waits) and its tokens below SINKS
-    into the sinks (STEP: the one token, _copy_token). Refuses the sequence (_refuse) where its
-    group's scales are flagged (share 0) or the ring's tokens are not finite (group 0)."""
+    """K (PER_CHANNEL: its scales per channel) or V of one program of a chunk whose completed
+    groups all have their pages: quantize the chunk's group j when the chunk completes it (share 0
+    stores its scales and zeros), write share ``share`` of its tiles' words, and (group 0, share 0)
+    the chunk's last RING tokens into the ring (row position % RING; unless _ring_waits) and its
+    tokens below SINKS into the sinks (STEP: the one token, _copy_token). Refuses the sequence
+    (_refuse, verdict the sequence's) where its group's scales are flagged (share 0) or the ring's
+    tokens are not finite (group 0). The groups as _append_kernel's, of which it takes its role's."""
+    ring, sinks = fp_rows
+    k_words, k_scales, v_words, v_scales, pages = pool
+    bt_ptr, stride_bt_b, table_cols, page_size = pages
+    k_table_ptr, v_table_ptr = tables
+    err_ptr, arrivals_ptr = verdict
+    chunk = _role_rows(tokens, PER_CHANNEL)
+    ring_rows = _role_rows(ring, PER_CHANNEL)
+    sink_rows = _role_rows(sinks, PER_CHANNEL)
+    w_ptr, stride_w_p, stride_w_h, stride_w_t = k_words if PER_CHANNEL else v_words
+    s_ptr, z_ptr, stride_s_p, stride_s_h, stride_s_r = k_scales if PER_CHANNEL else v_scales
+    table_ptr = k_table_ptr if PER_CHANNEL else v_table_ptr
     start = held // G * G + j * G  # first token of the group
     NW: tl.constexpr = TILE * D * BITS // 32 // SHARES  # words of a tile this program writes
     off = start % page_size
     if start + G <= held + n_new:  # the chunk completes this group
         page = tl.load(bt_ptr + b * stride_bt_b + start // page_size).to(tl.int64)
-        x = _group_values(x_ptr, stride_xb, stride_xh, stride_xt, r_ptr, stride_rb, stride_rh, stride_rt,
-                          b, h, start, held, tl.arange(0, G)[:, None], tl.arange(0, D)[None, :], RING)
+        x = _group_values(chunk, ring_rows, b, h, start, held, tl.arange(0, G)[:, None], tl.arange(0, D)[None, :],
+                          RING)
         if PER_CHANNEL:  # one scale per channel over the group's tokens
             lo, hi = _group_range(x, 0, INTERPRET)
             s, z, inv = _affine_params_tl(lo, hi, BITS, SCALE_FP16, FLOOR, INTERPRET)
@@ -267,7 +304,7 @@ def _append_role(x_ptr, stride_xb, stride_xh, stride_xt, r_ptr, stride_rb, strid
             tl.store(s_ptr + at, s.to(s_ptr.dtype.element_ty))
             tl.store(z_ptr + at, z.to(z_ptr.dtype.element_ty))
             if bad > 0:  # the scalar's atomics come from one thread, as the arrival's
-                _refuse(err_ptr, arrivals_ptr, bad > 0)
+                _refuse(verdict, bad > 0)
             if not SCALE_FP16:  # fp32 scales: the fused decode takes them as fp16 operands
                 wide = _count_beyond_fp16(s, SCALE_MAX, PER_CHANNEL)
                 if wide > 0:
@@ -281,31 +318,26 @@ def _append_role(x_ptr, stride_xb, stride_xh, stride_xt, r_ptr, stride_rb, strid
         # may reach: a one-token chunk writes the row of its token, which no group reads)
         tl.debug_barrier()
         if STEP:
-            _copy_token(x_ptr, stride_xb, stride_xh, r_ptr, stride_rb, stride_rh, stride_rt, sink_ptr, stride_sink_b,
-                        stride_sink_h, stride_sink_t, err_ptr, arrivals_ptr, b, h, held, SINKS, RING, D)
+            _copy_token(chunk, ring_rows, sink_rows, verdict, b, h, held, SINKS, RING, D)
         else:
             end = held + n_new
-            found = _copy_ring(x_ptr, stride_xb, stride_xh, stride_xt, r_ptr, stride_rb, stride_rh, stride_rt, b, h,
-                               held, end, ~_ring_waits(held, end, G), G, RING, D)
+            found = _copy_ring(chunk, ring_rows, b, h, held, end, ~_ring_waits(held, end, G), G, RING, D)
             if found > 0:
-                _refuse(err_ptr, arrivals_ptr, found > 0)
+                _refuse(verdict, found > 0)
             if held < SINKS:  # rows past the length at which a refused chunk leaves the sequence: never attended
                 for i in tl.static_range(SINKS // G):
-                    _copy_rows(x_ptr, stride_xb, stride_xh, stride_xt, sink_ptr, stride_sink_b, stride_sink_h,
-                               stride_sink_t, b, h, held, end, i * G, G, SINKS, True, D)
+                    _copy_rows(chunk, sink_rows, b, h, held, end, i * G, G, SINKS, True, D)
 
 
 @triton.jit
 def _append_kernel(
-    k_ptr, v_ptr, stride_xb, stride_xh, stride_xt, chunk_ptr, chunk,
-    lens_ptr, kr_ptr, vr_ptr, stride_rb, stride_rh, stride_rt,
-    ksink_ptr, vsink_ptr, stride_sink_b, stride_sink_h, stride_sink_t,
-    bt_ptr, stride_bt_b, table_cols, num_pages, page_size,
-    kw_ptr, stride_kw_p, stride_kw_h, stride_kw_t, ks_ptr, kz_ptr, stride_ks_p, stride_ks_h, stride_ks_g,
-    vw_ptr, stride_vw_p, stride_vw_h, stride_vw_t, vs_ptr, vz_ptr, stride_vs_p, stride_vs_h, stride_vs_t,
-    k_table_ptr, v_table_ptr, err_ptr, arrivals_ptr, ring_from_ptr,
+    tokens, counts, pool, num_pages, fp_rows, tables, sequences,
+    # the cache's layout
     D: tl.constexpr, G: tl.constexpr, BITS: tl.constexpr, TILE: tl.constexpr, SINKS: tl.constexpr,
-    RING: tl.constexpr, RAGGED: tl.constexpr, SHARES: tl.constexpr, WORDS: tl.constexpr, STEP: tl.constexpr,
+    RING: tl.constexpr,
+    # the chunk and the programs
+    RAGGED: tl.constexpr, SHARES: tl.constexpr, WORDS: tl.constexpr, STEP: tl.constexpr,
+    # the scales
     SCALE_FP16: tl.constexpr, FLOOR: tl.constexpr, SCALE_MAX: tl.constexpr, INTERPRET: tl.constexpr,
 ):
     """Append chunk tokens of one (sequence b, kv head h): program (j * 2 + role) * SHARES + share
@@ -313,43 +345,53 @@ def _append_kernel(
     words (SHARES > 1 only for one-token chunks: more programs for the one group a step may
     complete). STEP: one token per sequence (chunk == 1, not RAGGED), whose ring rows never wait.
 
-    k, v [B, H, T, D] (D contiguous) in the cache's dtype; chunk lengths int32 [B] (RAGGED) or
-    ``chunk`` for all; lens int32 [B] (grown by the program of sequence b that finishes last, as
-    arrivals int32 [B], zero between launches, counts them); k/v_residual [B, H, RING, D] (the fp
-    ring, RING a multiple of G); k/v_sink [B, H, SINKS, D] (any pointer when SINKS = 0); block
-    table int32 [B, table_cols]; the pool's words int32 [NP, H, P/TILE, W], K scales/zeros
-    [NP, H, P/G, D], V scales/zeros [NP, H, P, D/G]; tables int32 [W * 32] (word_sources);
-    errors int32 [B] (each sequence's ERROR_* bits or-ed in). A sequence a group of whose chunk
-    finds no page is left as it was (pool, window, length): every program of it sees the same
-    entries. A sequence whose chunk holds a value it cannot store keeps its length (module
-    docstring): its programs or REFUSED into its arrivals count, which the last one reads; it
-    leaves in ring_from int32 [B] the length before a stored chunk whose ring rows wait
-    (_ring_waits, written by _ring_kernel), else -1.
+    Arguments come in groups, each a tuple (nested where a group has parts), unpacked by name by
+    the functions that read them; pool and fp_rows are the split kernel's
+    (kvbits.decode.launch.pool_group, fp_rows_group):
+
+    - tokens ``(k_ptr, v_ptr, stride_xb, stride_xh, stride_xt)``: the chunk's k, v [B, H, T, D]
+      (D contiguous, one set of strides for both) in the cache's dtype.
+    - counts ``(chunk_ptr, chunk)``: the chunk's tokens per sequence, chunk_ptr int32 [B] (RAGGED)
+      or ``chunk`` for all.
+    - pool ``(k_words, k_scales, v_words, v_scales, pages)``: k_words, v_words ``(kw_ptr,
+      stride_kw_p, stride_kw_h, stride_kw_t)``, int32 [NP, H, P/TILE, W]; k_scales ``(ks_ptr,
+      kz_ptr, stride_ks_p, stride_ks_h, stride_ks_g)``, K scales and zeros [NP, H, P/G, D];
+      v_scales ``(vs_ptr, vz_ptr, stride_vs_p, stride_vs_h, stride_vs_t)``, V scales and zeros
+      [NP, H, P, D/G]; pages ``(bt_ptr, stride_bt_b, table_cols, page_size)``, the block table
+      int32 [B, table_cols] and P. num_pages: NP (an entry outside [0, NP) names no page).
+    - fp_rows ``(ring, sinks)``: ring ``(kr_ptr, vr_ptr, stride_r_b, stride_r_h, stride_r_t)``,
+      k/v_residual [B, H, RING, D] (the fp ring, RING a multiple of G); sinks ``(ksink_ptr,
+      vsink_ptr, stride_sink_b, stride_sink_h, stride_sink_t)``, k/v_sink [B, H, SINKS, D] (any
+      pointers when SINKS = 0).
+    - tables ``(k_table_ptr, v_table_ptr)``: int32 [W * 32] each (word_sources).
+    - sequences ``(lens_ptr, err_ptr, arrivals_ptr, ring_from_ptr)``, int32 [B] each: the lengths
+      (grown by the program of sequence b that finishes last, as arrivals, zero between launches,
+      counts them); the error words (each sequence's ERROR_* bits or-ed in); ring_from (below).
+
+    A sequence a group of whose chunk finds no page is left as it was (pool, window, length):
+    every program of it sees the same entries. A sequence whose chunk holds a value it cannot
+    store keeps its length (module docstring): its programs or REFUSED into its arrivals count,
+    which the last one reads; it leaves in ring_from the length before a stored chunk whose ring
+    rows wait (_ring_waits, written by _ring_kernel), else -1.
     """
+    lens_ptr, err_ptr, arrivals_ptr, ring_from_ptr = sequences
+    k_words, k_scales, v_words, v_scales, pages = pool
     b = tl.program_id(0).to(tl.int64)
     h = tl.program_id(1)
     j = tl.program_id(2) // (2 * SHARES)
     role = tl.program_id(2) // SHARES % 2
     share = tl.program_id(2) % SHARES
     held = tl.load(lens_ptr + b)
-    if RAGGED:
-        n_new = tl.load(chunk_ptr + b)
-    else:
-        n_new = chunk
-    placed = _pages_missing(bt_ptr, stride_bt_b, table_cols, num_pages, b, held, n_new, page_size, G) == 0
+    n_new = _chunk_count(counts, b, RAGGED)
+    placed = _pages_missing(pages, num_pages, b, held, n_new, G) == 0
     if placed:
+        verdict = (err_ptr + b, arrivals_ptr + b)  # where a refusal of sequence b goes (_refuse)
         if role == 0:
-            _append_role(k_ptr, stride_xb, stride_xh, stride_xt, kr_ptr, stride_rb, stride_rh, stride_rt,
-                         ksink_ptr, stride_sink_b, stride_sink_h, stride_sink_t, kw_ptr, stride_kw_p, stride_kw_h,
-                         stride_kw_t, ks_ptr, kz_ptr, stride_ks_p, stride_ks_h, stride_ks_g, k_table_ptr, err_ptr + b,
-                         arrivals_ptr + b, b, h, j, share, held, n_new, page_size, bt_ptr, stride_bt_b, D, G, BITS,
-                         TILE, SINKS, RING, SHARES, WORDS, STEP, True, SCALE_FP16, FLOOR, SCALE_MAX, INTERPRET)
+            _append_role(tokens, fp_rows, pool, tables, verdict, b, h, j, share, held, n_new, D, G, BITS, TILE,
+                         SINKS, RING, SHARES, WORDS, STEP, True, SCALE_FP16, FLOOR, SCALE_MAX, INTERPRET)
         else:
-            _append_role(v_ptr, stride_xb, stride_xh, stride_xt, vr_ptr, stride_rb, stride_rh, stride_rt,
-                         vsink_ptr, stride_sink_b, stride_sink_h, stride_sink_t, vw_ptr, stride_vw_p, stride_vw_h,
-                         stride_vw_t, vs_ptr, vz_ptr, stride_vs_p, stride_vs_h, stride_vs_t, v_table_ptr, err_ptr + b,
-                         arrivals_ptr + b, b, h, j, share, held, n_new, page_size, bt_ptr, stride_bt_b, D, G, BITS,
-                         TILE, SINKS, RING, SHARES, WORDS, STEP, False, SCALE_FP16, FLOOR, SCALE_MAX, INTERPRET)
+            _append_role(tokens, fp_rows, pool, tables, verdict, b, h, j, share, held, n_new, D, G, BITS, TILE,
+                         SINKS, RING, SHARES, WORDS, STEP, False, SCALE_FP16, FLOOR, SCALE_MAX, INTERPRET)
     elif (h == 0) & (tl.program_id(2) == 0):
         tl.atomic_or(err_ptr + b, 1)  # ERROR_NO_PAGE
     # the sequence's last program to finish grows its length: every program of it has read the
@@ -368,27 +410,21 @@ def _append_kernel(
 
 
 @triton.jit
-def _ring_kernel(k_ptr, v_ptr, stride_xb, stride_xh, stride_xt, chunk_ptr, chunk, ring_from_ptr,
-                 kr_ptr, vr_ptr, stride_rb, stride_rh, stride_rt,
+def _ring_kernel(tokens, counts, ring, ring_from_ptr,
                  D: tl.constexpr, G: tl.constexpr, RING: tl.constexpr, RAGGED: tl.constexpr):
     """The ring rows _append_kernel held back (_ring_waits) of the sequences that stored their chunk:
     program (b, h, role) copies the chunk's last RING tokens of kv head h, K (role 0) or V, into the
-    ring. Arguments as _append_kernel's; ring_from int32 [B]: the length before the chunk, or -1
-    (nothing to write)."""
+    ring. tokens, counts and ring (fp_rows' ring) as _append_kernel's; ring_from int32 [B]: the
+    length before the chunk, or -1 (nothing to write)."""
     b = tl.program_id(0).to(tl.int64)
     h = tl.program_id(1)
     held = tl.load(ring_from_ptr + b)
     if held >= 0:
-        if RAGGED:
-            end = held + tl.load(chunk_ptr + b)
-        else:
-            end = held + chunk
+        end = held + _chunk_count(counts, b, RAGGED)
         if tl.program_id(2) == 0:
-            _copy_ring(k_ptr, stride_xb, stride_xh, stride_xt, kr_ptr, stride_rb, stride_rh, stride_rt, b, h, held,
-                       end, True, G, RING, D)
+            _copy_ring(_role_rows(tokens, True), _role_rows(ring, True), b, h, held, end, True, G, RING, D)
         else:
-            _copy_ring(v_ptr, stride_xb, stride_xh, stride_xt, vr_ptr, stride_rb, stride_rh, stride_rt, b, h, held,
-                       end, True, G, RING, D)
+            _copy_ring(_role_rows(tokens, False), _role_rows(ring, False), b, h, held, end, True, G, RING, D)
 
 
 # ----------------------------------------------------------------------------- launch
@@ -420,17 +456,11 @@ class AppendLaunch:
                  arrivals: torch.Tensor, ring_from: torch.Tensor):
         self.view, self.sources, self.errors = view, sources, errors
         sdt = view.k_scale.dtype
-        # without sinks the kernel writes no sink row: the ring stands in for their pointers
-        ksink, vsink = (view.k_sink, view.v_sink) if view.sinks else (view.k_residual, view.v_residual)
-        self._fixed = (
-            view.seq_lens, view.k_residual, view.v_residual, *view.k_residual.stride()[:3],
-            ksink, vsink, *ksink.stride()[:3],
-            view.block_table, view.block_table.stride(0), view.block_table.shape[1], view.num_pages, view.page_size,
-            view.k_words, *view.k_words.stride()[:3], view.k_scale, view.k_zero, *view.k_scale.stride()[:3],
-            view.v_words, *view.v_words.stride()[:3], view.v_scale, view.v_zero, *view.v_scale.stride()[:3],
-            *sources, errors, arrivals, ring_from,
-        )
-        self._ring_fixed = (ring_from, view.k_residual, view.v_residual, *view.k_residual.stride()[:3])
+        fp_rows = fp_rows_group(view)
+        ring, _ = fp_rows
+        self._fixed = dict(pool=pool_group(view), num_pages=view.num_pages, fp_rows=fp_rows, tables=tuple(sources),
+                           sequences=(view.seq_lens, errors, arrivals, ring_from))
+        self._ring_fixed = dict(ring=ring, ring_from_ptr=ring_from)
         self._ring_options = dict(D=view.head_dim, G=view.group_size, RING=view.ring, num_warps=APPEND_WARPS)
         self._options = dict(D=view.head_dim, G=view.group_size, BITS=view.bits, TILE=view.tile, SINKS=view.sinks,
                              RING=view.ring,
@@ -451,6 +481,7 @@ class AppendLaunch:
             strides = k.stride()[:3]
         if b == 0 or t == 0:
             return
+        tokens = (k, v, *strides)
         ragged = chunk_lens is not None
         key = (t, ragged)
         launch = self._launches.get(key)
@@ -462,12 +493,12 @@ class AppendLaunch:
                 _append_kernel, (b, h, groups * 2 * shares), self._fixed,
                 dict(self._options, RAGGED=ragged, SHARES=shares, WORDS=step, STEP=t == 1 and not ragged))
         view = self.view
+        counts = (chunk_lens if ragged else view.seq_lens, t)  # the lengths stand in for an unread chunk_ptr
+        specialized = (specialization(k), specialization(v), t)  # what the per-call arguments specialize on
         with on_device(k.device):
-            launch((specialization(k), specialization(v), t), k, v, *strides,
-                   chunk_lens if ragged else view.seq_lens, t)
+            launch(specialized, tokens, counts)
             if t > 1:  # a chunk: the ring rows _append_kernel may have held back
-                self._ring_launch(key, b, h)((specialization(k), specialization(v), t), k, v, *strides,
-                                             chunk_lens if ragged else view.seq_lens, t)
+                self._ring_launch(key, b, h)(specialized, tokens, counts)
         # the kernel wrote these in place: bump their version counters as a torch write would
         increment_version([x for x in (view.seq_lens, view.k_scale, view.v_scale) if not x.is_inference()])
 
@@ -592,7 +623,7 @@ def _codes_of(kg: torch.Tensor, vg: torch.Tensor, view: PagedQuantizedKV) -> tup
 # ----------------------------------------------------------------------------- AOT specializations
 # what a step's launch specializes as multiples of 16 (D = 128): the strides of its contiguous token
 # [B, H, D] (along T: 0), of the rings and sinks, and the page size
-STEP_DIVISIBLE = ("stride_xb", "stride_xh", "stride_xt", "stride_rb", "stride_rh", "stride_rt", "stride_sink_b",
+STEP_DIVISIBLE = ("stride_xb", "stride_xh", "stride_xt", "stride_r_b", "stride_r_h", "stride_r_t", "stride_sink_b",
                   "stride_sink_h", "stride_sink_t", "page_size")
 
 
@@ -602,32 +633,23 @@ def _aot_specs() -> list[AotSpec]:
                                                     ("fp16", 64, 32, 4, 32, 0, 0), ("fp16", 128, 64, 3, 64, 64, 128)):
         ptr = f"*{dtype}"
         fp = f"_s{sinks}r{g + window}" if sinks or window else ""
-        sig = {"k_ptr": ptr, "v_ptr": ptr, "stride_xb": "i32", "stride_xh": "i32", "stride_xt": "i32",
-               "chunk_ptr": "*i32", "chunk": "i32", "lens_ptr": "*i32", "kr_ptr": ptr, "vr_ptr": ptr,
-               "stride_rb": "i32", "stride_rh": "i32", "stride_rt": "i32", "ksink_ptr": ptr, "vsink_ptr": ptr,
-               "stride_sink_b": "i32", "stride_sink_h": "i32", "stride_sink_t": "i32",
-               "bt_ptr": "*i32", "stride_bt_b": "i32",
-               "table_cols": "i32", "num_pages": "i32", "page_size": "i32",
-               "kw_ptr": "*i32", "stride_kw_p": "i64", "stride_kw_h": "i32", "stride_kw_t": "i32",
-               "ks_ptr": "*fp16", "kz_ptr": "*fp16", "stride_ks_p": "i64", "stride_ks_h": "i32", "stride_ks_g": "i32",
-               "vw_ptr": "*i32", "stride_vw_p": "i64", "stride_vw_h": "i32", "stride_vw_t": "i32",
-               "vs_ptr": "*fp16", "vz_ptr": "*fp16", "stride_vs_p": "i64", "stride_vs_h": "i32", "stride_vs_t": "i32",
-               "k_table_ptr": "*i32", "v_table_ptr": "*i32", "err_ptr": "*i32", "arrivals_ptr": "*i32",
-               "ring_from_ptr": "*i32"}
+        tokens = {"k_ptr": ptr, "v_ptr": ptr, "stride_xb": "i32", "stride_xh": "i32", "stride_xt": "i32"}
+        counts = {"chunk_ptr": "*i32", "chunk": "i32"}
+        fp_rows = fp_rows_signature(ptr)
+        sig = {"tokens": tokens, "counts": counts, "pool": pool_signature("*fp16"), "num_pages": "i32",
+               "fp_rows": fp_rows, "tables": {"k_table_ptr": "*i32", "v_table_ptr": "*i32"},
+               "sequences": {"lens_ptr": "*i32", "err_ptr": "*i32", "arrivals_ptr": "*i32", "ring_from_ptr": "*i32"}}
         # the 3-bit ones stand for a step (one token: the JIT makes chunk == 1 a constant), the others for chunks
         step = bits == 3
         specs.append(AotSpec(
-            f"page_append_{dtype}_d{d}_g{g}_b{bits}_t{tile}{fp}", _append_kernel,
-            {name: kind for name, kind in sig.items() if not (step and name == "chunk")},
+            f"page_append_{dtype}_d{d}_g{g}_b{bits}_t{tile}{fp}", _append_kernel, sig,
             {"D": d, "G": g, "BITS": bits, "TILE": tile, "SINKS": sinks, "RING": g + window, "RAGGED": False,
              **dict(zip(("SHARES", "WORDS"), word_split(tile * d * bits // 32, 1 if step else 2), strict=True)),
              "STEP": step, **({"chunk": 1} if step else {}), "SCALE_FP16": True,
              "FLOOR": SCALE_FLOOR[torch.float16], "SCALE_MAX": 65504.0, "INTERPRET": False},
             num_warps=APPEND_WARPS, divisible_ints=STEP_DIVISIBLE if step else (),
         ))
-        ring_sig = {name: sig[name] for name in ("k_ptr", "v_ptr", "stride_xb", "stride_xh", "stride_xt", "chunk_ptr",
-                                                 "chunk", "ring_from_ptr", "kr_ptr", "vr_ptr", "stride_rb",
-                                                 "stride_rh", "stride_rt")}
+        ring_sig = {"tokens": tokens, "counts": counts, "ring": fp_rows["ring"], "ring_from_ptr": "*i32"}
         specs.append(AotSpec(f"page_append_ring_{dtype}_d{d}_g{g}_r{g + window}", _ring_kernel, ring_sig,
                              {"D": d, "G": g, "RING": g + window, "RAGGED": False}, num_warps=APPEND_WARPS))
     return specs

@@ -143,25 +143,39 @@ def query_group(q: torch.Tensor) -> tuple:
     return q, q.stride(0), q.stride(1)
 
 
-def split_launch(view: PagedQuantizedKV, group: int, lens: torch.Tensor, cache_lens: torch.Tensor,
-                 mid_o: torch.Tensor, mid_lse: torch.Tensor, sm_scale: float, splits: int, per: int):
-    """(grid, arguments after the query by name, constexpr and launch options) of
-    _decode_split_kernel over ``view`` for ``group`` query heads per kv head (its docstring
-    tells what each argument group holds)."""
-    kr, vr = view.k_residual, view.v_residual
-    # without sinks the kernel reads no sink row: the ring stands in for their pointers
-    ksink, vsink = (view.k_sink, view.v_sink) if view.sinks else (kr, vr)
-    pool = (
+def pool_group(view: PagedQuantizedKV) -> tuple:
+    """The pool argument of the split and append kernels: ``(k_words, k_scales, v_words, v_scales,
+    pages)``, each a tensor (two for the scales and zeros) with its strides over pages, heads and
+    rows, and the block table with its row stride, columns and the page size (as
+    _decode_split_kernel's docstring lays it out)."""
+    return (
         (view.k_words, *view.k_words.stride()[:3]),
         (view.k_scale, view.k_zero, *view.k_scale.stride()[:3]),
         (view.v_words, *view.v_words.stride()[:3]),
         (view.v_scale, view.v_zero, *view.v_scale.stride()[:3]),
         (view.block_table, view.block_table.stride(0), view.block_table.shape[1], view.page_size),
     )
+
+
+def fp_rows_group(view: PagedQuantizedKV) -> tuple:
+    """The fp_rows argument of the split and append kernels: ``(ring, sinks)``, each the K and V
+    rows and their strides over sequences, heads and rows. Without sinks the kernels touch no
+    sink row: the ring stands in for their pointers."""
+    kr, vr = view.k_residual, view.v_residual
+    ring = (kr, vr, *kr.stride()[:3])
+    sinks = (view.k_sink, view.v_sink, *view.k_sink.stride()[:3]) if view.sinks else ring
+    return ring, sinks
+
+
+def split_launch(view: PagedQuantizedKV, group: int, lens: torch.Tensor, cache_lens: torch.Tensor,
+                 mid_o: torch.Tensor, mid_lse: torch.Tensor, sm_scale: float, splits: int, per: int):
+    """(grid, arguments after the query by name, constexpr and launch options) of
+    _decode_split_kernel over ``view`` for ``group`` query heads per kv head (its docstring
+    tells what each argument group holds)."""
     args = dict(
         qk_scale=sm_scale * LOG2E,
-        pool=pool,
-        fp_rows=((kr, vr, *kr.stride()[:3]), (ksink, vsink, *ksink.stride()[:3])),
+        pool=pool_group(view),
+        fp_rows=fp_rows_group(view),
         lengths=(lens, cache_lens),
         plan=(splits, per),
         output=((mid_o, *mid_o.stride()[:3]), (mid_lse, *mid_lse.stride()[:2])),
@@ -185,26 +199,36 @@ def merge_launch(mid_o: torch.Tensor, mid_lse: torch.Tensor, out_strides: tuple[
 
 
 # ----------------------------------------------------------------------------- AOT specializations
+def pool_signature(scale_type: str) -> dict:
+    """The types of pool_group's elements, named as the kernels unpack them."""
+    return {
+        "k_words": {"kw_ptr": "*i32", "stride_kw_p": "i64", "stride_kw_h": "i32", "stride_kw_t": "i32"},
+        "k_scales": {"ks_ptr": scale_type, "kz_ptr": scale_type, "stride_ks_p": "i64", "stride_ks_h": "i32",
+                     "stride_ks_g": "i32"},
+        "v_words": {"vw_ptr": "*i32", "stride_vw_p": "i64", "stride_vw_h": "i32", "stride_vw_t": "i32"},
+        "v_scales": {"vs_ptr": scale_type, "vz_ptr": scale_type, "stride_vs_p": "i64", "stride_vs_h": "i32",
+                     "stride_vs_t": "i32"},
+        "pages": {"bt_ptr": "*i32", "stride_bt_b": "i32", "table_cols": "i32", "page_size": "i32"},
+    }
+
+
+def fp_rows_signature(res_type: str) -> dict:
+    """The types of fp_rows_group's elements, named as the kernels unpack them."""
+    return {
+        "ring": {"kr_ptr": res_type, "vr_ptr": res_type, "stride_r_b": "i32", "stride_r_h": "i32",
+                 "stride_r_t": "i32"},
+        "sinks": {"ksink_ptr": res_type, "vsink_ptr": res_type, "stride_sink_b": "i32", "stride_sink_h": "i32",
+                  "stride_sink_t": "i32"},
+    }
+
+
 def _split_signature(q_type: str, res_type: str, scale_type: str) -> dict:
     """The split kernel's argument types, group by group (named as the kernel unpacks them)."""
     return {
         "query": {"q_ptr": q_type, "stride_qb": "i32", "stride_qh": "i32"},
         "qk_scale": "fp32",
-        "pool": {
-            "k_words": {"kw_ptr": "*i32", "stride_kw_p": "i64", "stride_kw_h": "i32", "stride_kw_t": "i32"},
-            "k_scales": {"ks_ptr": scale_type, "kz_ptr": scale_type, "stride_ks_p": "i64", "stride_ks_h": "i32",
-                         "stride_ks_g": "i32"},
-            "v_words": {"vw_ptr": "*i32", "stride_vw_p": "i64", "stride_vw_h": "i32", "stride_vw_t": "i32"},
-            "v_scales": {"vs_ptr": scale_type, "vz_ptr": scale_type, "stride_vs_p": "i64", "stride_vs_h": "i32",
-                         "stride_vs_t": "i32"},
-            "pages": {"bt_ptr": "*i32", "stride_bt_b": "i32", "table_cols": "i32", "page_size": "i32"},
-        },
-        "fp_rows": {
-            "ring": {"kr_ptr": res_type, "vr_ptr": res_type, "stride_r_b": "i32", "stride_r_h": "i32",
-                     "stride_r_t": "i32"},
-            "sinks": {"ksink_ptr": res_type, "vsink_ptr": res_type, "stride_sink_b": "i32", "stride_sink_h": "i32",
-                      "stride_sink_t": "i32"},
-        },
+        "pool": pool_signature(scale_type),
+        "fp_rows": fp_rows_signature(res_type),
         "lengths": {"lens_ptr": "*i32", "cache_lens_ptr": "*i32"},
         "plan": {"num_splits": "i32", "tiles_per_split": "i32"},
         "output": {
